@@ -1,0 +1,50 @@
+"""Exceptions raised by dali_shards: each names the shard (and sample) at fault and what to do."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class DaliShardsError(Exception):
+    """Base class of every error dali_shards raises on purpose."""
+
+
+class ConfigError(DaliShardsError, ValueError):
+    """The loader was configured in a way that cannot work (batch sizes, fields, world size...)."""
+
+
+class EmptyDatasetError(ConfigError):
+    """The shards hold no samples (or too few for even one batch with ``last_batch="drop"``)."""
+
+
+class ShardError(DaliShardsError):
+    """A shard, or a sample in it, cannot be used as asked.
+
+    ``url`` names the shard, ``key`` the sample when known, ``hint`` what to do.
+    """
+
+    def __init__(self, url: str, message: str, *, key: Optional[str] = None, hint: str = ""):
+        self.url = url
+        self.key = key
+        self.detail = message
+        self.hint = hint
+        where = f"shard {url!r}" + (f", sample {key!r}" if key is not None else "")
+        text = f"{where}: {message}"
+        if hint:
+            text += f". What to do: {hint}"
+        super().__init__(text)
+
+    def __reduce__(self):  # keep the attributes when crossing a process boundary
+        return (_rebuild, (type(self), self.url, self.detail, self.key, self.hint))
+
+
+def _rebuild(cls, url, message, key, hint):
+    return cls(url, message, key=key, hint=hint)
+
+
+class ShardFormatError(ShardError, ValueError):
+    """A shard is not a valid (WebDataset-style) tar archive, or a sample lacks what was asked."""
+
+
+class ShardAccessError(ShardError, OSError):
+    """A shard cannot be opened or read (missing file, permissions, I/O failure)."""

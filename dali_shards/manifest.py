@@ -1,0 +1,122 @@
+"""Per-shard sample counts: from a manifest file, or from a scan of the tar headers.
+
+A manifest is a JSON file listing the shards (paths relative to the manifest) and how many
+samples each holds, so that planning an epoch never needs to open a shard::
+
+    {"format": "dali-shards-manifest", "version": 1,
+     "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+from .storage import local_path, open_shard, shard_size
+from .tarformat import count_samples
+
+MANIFEST_FORMAT = "dali-shards-manifest"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A shard's URL, its number of samples, and its stored size in bytes (if known)."""
+
+    url: str
+    samples: int
+    bytes: Optional[int] = None
+
+
+_scan_cache: Dict[Tuple[str, int, int], int] = {}
+_scan_lock = threading.Lock()
+
+
+def _cache_key(url: str) -> Optional[Tuple[str, int, int]]:
+    path = local_path(url)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def scan_shard(url: str) -> ShardInfo:
+    """Count a shard's samples from its tar headers (member data is seeked over, not read)."""
+    key = _cache_key(url)
+    with _scan_lock:
+        cached = _scan_cache.get(key) if key else None
+    if cached is None:
+        with open_shard(url) as stream:
+            cached = count_samples(stream, url)
+        if key:
+            with _scan_lock:
+                _scan_cache[key] = cached
+    return ShardInfo(url, cached, shard_size(url))
+
+
+def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
+    """Scan many shards concurrently; results in the order given."""
+    if len(urls) <= 1:
+        return [scan_shard(u) for u in urls]
+    with ThreadPoolExecutor(max_workers=min(max_threads, len(urls))) as pool:
+        return list(pool.map(scan_shard, urls))
+
+
+def read_manifest(path: str) -> List[ShardInfo]:
+    """Shards and sample counts from a manifest; relative URLs are taken from its directory."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"manifest {path!r} not found") from None
+    except ValueError as exc:
+        raise ConfigError(f"manifest {path!r} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise ConfigError(
+            f"{path!r} is not a dali-shards manifest (expected \"format\": \"{MANIFEST_FORMAT}\")"
+        )
+    if doc.get("version", 0) > MANIFEST_VERSION:
+        raise ConfigError(f"manifest {path!r} has version {doc['version']}; upgrade dali_shards to read it")
+    base = os.path.dirname(os.path.abspath(path))
+    shards = []
+    for i, entry in enumerate(doc.get("shards", [])):
+        try:
+            url, samples = str(entry["url"]), int(entry["samples"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"manifest {path!r}: entry {i} needs \"url\" and integer \"samples\"") from None
+        if samples < 0:
+            raise ConfigError(f"manifest {path!r}: entry {i} has a negative sample count")
+        if "://" not in url and not os.path.isabs(url):
+            url = os.path.join(base, url)
+        shards.append(ShardInfo(url, samples, entry.get("bytes")))
+    return shards
+
+
+def write_manifest(path: str, shards: Sequence[ShardInfo]) -> None:
+    """Write a manifest; shard paths under its directory are stored relative to it."""
+    base = os.path.dirname(os.path.abspath(path))
+    entries = []
+    for s in shards:
+        url = s.url
+        if "://" not in url:
+            rel = os.path.relpath(os.path.abspath(url), base)
+            url = rel if not rel.startswith("..") else os.path.abspath(url)
+        entry = {"url": url, "samples": int(s.samples)}
+        if s.bytes is not None:
+            entry["bytes"] = int(s.bytes)
+        entries.append(entry)
+    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+

@@ -1,0 +1,239 @@
+"""``@sharded_pipeline``: a DALI pipeline whose Python workers each stream their own shards.
+
+The decorated function receives the requested fields as DataNodes and returns the pipeline's
+outputs, as with ``nvidia.dali.pipeline_def``. Behind it, each of the rank's ``py_num_workers``
+workers runs one parallel external source over its part of the epoch plan, emits a full-size
+batch padded with empty dummies outside its own slice, and a balanced tree of conditionals merges
+the slices into one batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+from nvidia.dali import fn
+from nvidia.dali.pipeline import Pipeline, pipeline_def
+
+from .distributed import default_device_id, resolve_world
+from .errors import ConfigError
+from .graph import SlotOwners, merge_slices, unpack_fields
+from .layout import SampleLayout
+from .manifest import ShardInfo
+from .planner import PLAN_VERSION, EpochPlan, PlanSpec
+from .shardlist import Source, resolve_source
+from .worker_source import WorkerSource
+
+_OPTIONS = (
+    "source",
+    "fields",
+    "batch_size",
+    "py_num_workers",
+    "shuffle",
+    "seed",
+    "world_size",
+    "rank",
+    "last_batch",
+    "shuffle_buffer",
+    "start_epoch",
+    "worker_prefetch",
+)
+_PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
+
+
+@dataclass(frozen=True)
+class ShardedPipelineInfo:
+    """What a sharded pipeline reads and how: attached to it as ``pipe.dali_shards``."""
+
+    spec: PlanSpec
+    rank: int
+    start_epoch: int
+    shards: Tuple[ShardInfo, ...]
+    layout: SampleLayout
+    plan_version: int = PLAN_VERSION
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.spec.steps_per_epoch
+
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        return tuple(f.name for f in self.layout.fields)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return self.spec.epoch(epoch)
+
+
+def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
+    """The :class:`ShardedPipelineInfo` of a pipeline made by ``@sharded_pipeline``."""
+    info = getattr(pipe, "dali_shards", None)
+    if not isinstance(info, ShardedPipelineInfo):
+        raise TypeError("expected a pipeline created by a @sharded_pipeline function")
+    return info
+
+
+def _pipeline_seed(seed: int, rank: int) -> int:
+    """DALI's seed for random operators: fixed by (seed, rank), different on every rank."""
+    state = np.random.SeedSequence([seed & ((1 << 64) - 1), rank, 0x4155_4720]).generate_state(1)
+    return int(state[0] & 0x7FFF_FFFF)
+
+
+def _bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num_workers: int) -> Optional[int]:
+    """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
+    ``batch_size / num_workers`` samples, so the hint is the sample size divided by the workers."""
+    per_slot_meta = 128
+    if not layout.has_payload:
+        return layout.header_bytes + per_slot_meta
+    sizes = [(s.bytes, s.samples) for s in shards if s.bytes is not None and s.samples > 0]
+    if not sizes:
+        return None
+    mean = sum(b for b, _ in sizes) / sum(n for _, n in sizes)
+    return int(mean * 1.25 / num_workers) + layout.header_bytes + per_slot_meta
+
+
+def build_sharded_pipeline(
+    func: Callable[..., Any],
+    options: Dict[str, Any],
+    pipeline_kwargs: Dict[str, Any],
+    fn_args: Sequence[Any] = (),
+    fn_kwargs: Optional[Dict[str, Any]] = None,
+) -> Pipeline:
+    """Create the pipeline of a ``@sharded_pipeline`` function for the given options."""
+    fn_kwargs = dict(fn_kwargs or {})
+    world_size, rank = resolve_world(options.get("world_size"), options.get("rank"))
+    num_workers = options["py_num_workers"]
+    batch_size = options["batch_size"]
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"py_num_workers must be a positive integer, got {num_workers!r}")
+    layout = SampleLayout(options["fields"])
+    shards = tuple(resolve_source(options["source"]))
+    seed = int(options.get("seed", 0))
+    spec = PlanSpec(
+        tuple(s.samples for s in shards),
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=bool(options.get("shuffle", False)),
+        last_batch=options.get("last_batch", "pad"),
+        shuffle_buffer=int(options.get("shuffle_buffer", 1024)),
+    )
+    start_epoch = int(options.get("start_epoch", 0))
+    urls = [s.url for s in shards]
+    sources = [WorkerSource(spec, urls, layout, rank, w, start_epoch) for w in range(num_workers)]
+    owners = SlotOwners(num_workers, spec.mini_batch) if num_workers > 1 else None
+    hint = _bytes_per_sample_hint(shards, layout, num_workers)
+    prefetch = int(options.get("worker_prefetch", 2))
+
+    def graph():
+        slices = [
+            fn.external_source(
+                source=s,
+                batch=True,
+                parallel=True,
+                cycle="raise",
+                prefetch_queue_depth=prefetch,
+                bytes_per_sample_hint=hint,
+            )
+            for s in sources
+        ]
+        if owners is None:
+            blob = slices[0]
+        else:
+            blob = merge_slices(fn.external_source(source=owners, batch=True), slices)
+        return func(*unpack_fields(blob, layout), *fn_args, **fn_kwargs)
+
+    kwargs = {"batch_size": batch_size, "py_num_workers": num_workers, "seed": _pipeline_seed(seed, rank)}
+    if "device_id" not in pipeline_kwargs:
+        kwargs["device_id"] = default_device_id()
+    kwargs.update(pipeline_kwargs)
+    kwargs.pop("enable_conditionals", None)
+    pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
+    pipe.dali_shards = ShardedPipelineInfo(spec, rank, start_epoch, shards, layout)
+    return pipe
+
+
+def sharded_pipeline(
+    source: Source,
+    *,
+    fields: Sequence[str],
+    batch_size: int,
+    py_num_workers: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    world_size: Optional[int] = None,
+    rank: Optional[int] = None,
+    last_batch: str = "pad",
+    shuffle_buffer: int = 1024,
+    start_epoch: int = 0,
+    worker_prefetch: int = 2,
+    **pipeline_kwargs: Any,
+) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
+    """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
+
+    Args:
+        source: shards -- a brace pattern, a glob, a manifest (``.json``), or a list of these.
+        fields: member extensions (``"jpg"``, ``"jpg;png"`` for alternatives, ``"cls"``) or
+            ``"__key__"``, ``"__index__"``, ``"__valid__"``; passed to the function in order.
+        batch_size: samples per batch on this rank; a multiple of ``py_num_workers``.
+        py_num_workers: Python worker processes of this rank, each reading its own shards.
+        shuffle: shuffle shard order per epoch and samples within each worker's buffer.
+        seed: seeds the plan (the same on every rank) and, mixed with the rank, DALI's
+            random operators.
+        world_size, rank: default to ``torch.distributed``, then ``WORLD_SIZE``/``RANK``, then 1/0.
+        last_batch: ``"pad"`` (every sample once; padding flagged by ``__valid__``) or
+            ``"drop"`` (only complete global batches).
+        shuffle_buffer: samples each worker holds for its buffer shuffle.
+        start_epoch: the epoch the pipeline starts at (its shuffle and plan).
+        worker_prefetch: batches each worker prepares ahead.
+        **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
+            ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
+            defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.
+
+    Calling the decorated function returns an ``nvidia.dali.Pipeline``; keyword arguments given
+    then override any of the above, and the function's own extra parameters are passed through.
+    """
+    options = {
+        "source": source,
+        "fields": tuple(fields),
+        "batch_size": batch_size,
+        "py_num_workers": py_num_workers,
+        "shuffle": shuffle,
+        "seed": seed,
+        "world_size": world_size,
+        "rank": rank,
+        "last_batch": last_batch,
+        "shuffle_buffer": shuffle_buffer,
+        "start_epoch": start_epoch,
+        "worker_prefetch": worker_prefetch,
+    }
+    SampleLayout(options["fields"])  # fail early on bad field names
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:
+        func_params = inspect.signature(func).parameters
+
+        @functools.wraps(func)
+        def factory(*args: Any, **kwargs: Any) -> Pipeline:
+            opts = dict(options)
+            pipe_kwargs = dict(pipeline_kwargs)
+            fn_kwargs = {}
+            for name, value in kwargs.items():
+                if name in _OPTIONS:
+                    opts[name] = value
+                elif name in func_params:
+                    fn_kwargs[name] = value
+                elif name in _PIPELINE_PARAMS:
+                    pipe_kwargs[name] = value
+                else:
+                    raise TypeError(
+                        f"{func.__name__}() got an unexpected keyword argument {name!r}: it is neither a "
+                        "sharded_pipeline option, a DALI Pipeline parameter, nor a parameter of the function"
+                    )
+            return build_sharded_pipeline(func, opts, pipe_kwargs, args, fn_kwargs)
+
+        return factory
+
+    return decorator

@@ -1,0 +1,143 @@
+"""What one local worker feeds to its parallel external source: padded batches, epoch by epoch.
+
+A :class:`WorkerSource` is created in the main process, pickled (or forked) into the DALI worker
+process that owns it, and iterated there once per epoch. Each batch is ``batch_size`` packed
+samples long, the same size as every other worker's; only this worker's slice
+``[worker * mini_batch, (worker + 1) * mini_batch)`` holds samples, the other slots hold an empty
+dummy. The module imports no DALI.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import ShardFormatError
+from .layout import SampleLayout
+from .planner import EpochPlan, PlanSpec, Segment
+from .storage import open_shard
+from .tarformat import TarReader
+
+_EMPTY = np.empty((0,), dtype=np.uint8)
+
+
+class WorkerSource:
+    """The padded batches of local worker ``worker`` of ``rank`` (virtual worker
+    ``rank * num_workers + worker``), one epoch per ``iter()``, starting at ``start_epoch``.
+
+    ``iter()`` is also called once in the main process when the pipeline is defined; it stays
+    lazy (nothing is opened before the first batch) and epochs are counted per process.
+    """
+
+    def __init__(
+        self,
+        spec: PlanSpec,
+        urls: Sequence[str],
+        layout: SampleLayout,
+        rank: int,
+        worker: int,
+        start_epoch: int = 0,
+    ):
+        if len(urls) != len(spec.shard_sizes):
+            raise ValueError("one URL per shard size is required")
+        self.spec = spec
+        self.urls = tuple(urls)
+        self.layout = layout
+        self.rank = rank
+        self.worker = worker
+        self.virtual_worker = rank * spec.num_workers + worker
+        self.start_epoch = start_epoch
+        self._pid: Optional[int] = None
+        self._epoch = start_epoch
+
+    def __iter__(self) -> "EpochBatches":
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid, self._epoch = pid, self.start_epoch
+        else:
+            self._epoch += 1
+        return EpochBatches(self, self._epoch)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pid"] = None
+        return state
+
+
+class EpochBatches:
+    """Iterator over one epoch's padded batches of one worker."""
+
+    def __init__(self, source: WorkerSource, epoch: int):
+        self.source = source
+        self.epoch = epoch
+        self._step = 0
+        self._order: Optional[Iterator[Tuple[int, bool]]] = None
+        self._samples: Optional[Iterator[Tuple[int, np.ndarray]]] = None
+        self._pending: Dict[int, np.ndarray] = {}
+        self._last: Tuple[int, Optional[np.ndarray]] = (-1, None)
+
+    def __iter__(self) -> "EpochBatches":
+        return self
+
+    def __next__(self) -> List[np.ndarray]:
+        src = self.source
+        spec = src.spec
+        if self._order is None:
+            plan = spec.epoch(self.epoch)
+            self._order = plan.iter_worker_order(src.virtual_worker)
+            self._samples = _read_segments(plan, plan.worker_reads(src.virtual_worker), src.urls, src.layout)
+        if self._step >= spec.steps_per_epoch:
+            self._close()
+            raise StopIteration
+        m = spec.mini_batch
+        batch = [_EMPTY] * spec.batch_size
+        base = src.worker * m
+        for i in range(m):
+            pos, valid = next(self._order)
+            blob = self._take(pos)
+            batch[base + i] = blob if valid else SampleLayout.as_padding(blob)
+        self._step += 1
+        return batch
+
+    def _take(self, pos: int) -> np.ndarray:
+        if self._last[0] == pos:
+            return self._last[1]
+        pending = self._pending
+        while pos not in pending:
+            got, blob = next(self._samples)
+            pending[got] = blob
+        blob = pending.pop(pos)
+        self._last = (pos, blob)
+        return blob
+
+    def _close(self) -> None:
+        if self._samples is not None:
+            self._samples.close()
+        self._pending.clear()
+        self._last = (-1, None)
+
+
+def _read_segments(
+    plan: EpochPlan, segments: List[Segment], urls: Sequence[str], layout: SampleLayout
+) -> Iterator[Tuple[int, np.ndarray]]:
+    """(epoch position, packed sample) of every sample in ``segments``, in reading order."""
+    for seg in segments:
+        url = urls[seg.shard]
+        offset = int(plan.canonical_starts[seg.shard])
+        position = seg.position
+        read = seg.first
+        with open_shard(url) as stream:
+            for sample in TarReader(stream, url).samples(layout.wants, start=seg.first, stop=seg.stop):
+                yield position, layout.pack(sample, offset + sample.position)
+                position += 1
+                read += 1
+        if read != seg.stop:
+            raise ShardFormatError(
+                url,
+                f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned "
+                f"(sample {read} is missing)",
+                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
+                "or restart so it is scanned again",
+            )

@@ -52,7 +52,8 @@ def unpack_fields(blob: DataNode, layout: SampleLayout) -> List[DataNode]:
     out = []
     for spec in layout.fields:
         if spec.kind in ("bytes", "key"):
-            out.append(blob[header[spec.slot] : header[spec.slot + 1]])
+            offset, length = header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2]
+            out.append(fn.slice(blob, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False))
         elif spec.kind == "valid":
             out.append(fn.cast(header[spec.slot], dtype=types.BOOL))
         else:

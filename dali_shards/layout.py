@@ -6,7 +6,7 @@ field, matters because DALI's cost per batch slot (paid for every padding dummy 
 the transfer. The pipeline unpacks the fields after the worker slices are merged.
 
 Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its ``__valid__`` flag, then per field:
-``.cls``-like fields one slot (the integer), byte fields two (start and end offset in the array).
+``.cls``-like fields one slot (the integer), byte fields two (offset in the array and length).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class SampleLayout:
             end = offset + len(data)
             view[offset:end] = data
             header[slot] = offset
-            header[slot + 1] = end
+            header[slot + 1] = len(data)
             offset = end
         return blob
 

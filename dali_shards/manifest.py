@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, ShardAccessError
 from .storage import local_path, open_shard, shard_size
 from .tarformat import count_samples
 
@@ -64,6 +64,10 @@ def scan_shard(url: str) -> ShardInfo:
 
 def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
+    missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
+    if missing:
+        more = f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})" if len(missing) > 1 else ""
+        raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
     if len(urls) <= 1:
         return [scan_shard(u) for u in urls]
     with ThreadPoolExecutor(max_workers=min(max_threads, len(urls))) as pool:

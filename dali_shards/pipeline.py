@@ -196,6 +196,7 @@ def sharded_pipeline(
     Calling the decorated function returns an ``nvidia.dali.Pipeline``; keyword arguments given
     then override any of the above, and the function's own extra parameters are passed through.
     """
+    SampleLayout(fields)  # fail early on bad field names
     options = {
         "source": source,
         "fields": tuple(fields),
@@ -210,7 +211,6 @@ def sharded_pipeline(
         "start_epoch": start_epoch,
         "worker_prefetch": worker_prefetch,
     }
-    SampleLayout(options["fields"])  # fail early on bad field names
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:
         func_params = inspect.signature(func).parameters

@@ -1,0 +1,232 @@
+"""End to end through DALI (CPU-only pipelines): real JPEG shards, simulated ranks, real workers."""
+
+import hashlib
+import math
+import os
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import webdataset as wds
+from nvidia.dali import fn, types
+from PIL import Image
+
+from conftest import MNIST, as_numpy, run_epochs
+from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
+from dali_shards.distributed import gpu_available
+from dali_shards.sample_data import sample_images
+
+
+def index_pipeline(source, **kw):
+    @sharded_pipeline(source, fields=("__index__", "__valid__"), num_threads=1, device_id=None, **kw)
+    def pipe(index, valid):
+        return index, valid
+
+    return pipe
+
+
+@pytest.mark.parametrize(
+    "world, workers, batch, shuffle, last_batch",
+    [
+        (2, 2, 4, True, "pad"),
+        (3, 2, 6, True, "pad"),  # odd world size; 47 samples do not divide
+        (1, 3, 6, False, "drop"),
+        (2, 1, 5, True, "drop"),
+        (4, 4, 4, True, "pad"),  # 16 virtual workers, shards of 0..17 samples
+    ],
+)
+def test_pipelines_deliver_the_plan_exactly_once(photo_shards, world, workers, batch, shuffle, last_batch):
+    make = index_pipeline(
+        photo_shards["pattern"], batch_size=batch, py_num_workers=workers, shuffle=shuffle, seed=17,
+        world_size=world, last_batch=last_batch, shuffle_buffer=5,
+    )
+    per_epoch = [Counter(), Counter()]
+    steps = []
+    for rank in range(world):
+        pipe = make(rank=rank)
+        info = pipeline_info(pipe)
+        epochs = run_epochs(pipe, 2)
+        steps.append([len(e) for e in epochs])
+        for epoch, epoch_steps in enumerate(epochs):
+            want_index, want_valid = info.plan(epoch).rank_batches(rank)
+            assert len(epoch_steps) == info.steps_per_epoch
+            for s, (index, valid) in enumerate(epoch_steps):
+                assert [int(i) for i in index] == want_index[s].tolist()
+                assert [bool(v) for v in valid] == want_valid[s].tolist()
+                per_epoch[epoch].update(int(i) for i, v in zip(index, valid) if v)
+    assert len({tuple(s) for s in steps}) == 1, "every rank runs the same number of steps"
+    total = photo_shards["total"]
+    for seen in per_epoch:
+        assert max(seen.values()) == 1, "no sample twice"
+        if last_batch == "pad":
+            assert sorted(seen) == list(range(total)), "every sample once"
+        else:
+            assert len(seen) == total // (world * batch) * world * batch
+
+
+def test_more_virtual_workers_than_samples(tmp_path):
+    from dali_shards.sample_data import write_sample_shards
+
+    write_sample_shards(str(tmp_path), shard_sizes=(2, 0, 1))
+    make = index_pipeline(str(tmp_path / "sample-*.tar"), batch_size=3, py_num_workers=3, world_size=2, shuffle=True)
+    seen = Counter()
+    for rank in range(2):
+        (steps,) = run_epochs(make(rank=rank), 1)
+        assert len(steps) == 1
+        for index, valid in steps:
+            assert len(index) == 3
+            seen.update(int(i) for i, v in zip(index, valid) if v)
+    assert sorted(seen) == [0, 1, 2] and max(seen.values()) == 1
+
+
+def test_labels_keys_and_images_match(photo_shards):
+    photos = sample_images()
+    originals = [open(p.path, "rb").read() for p in photos]
+
+    @sharded_pipeline(photo_shards["paths"], fields=("jpg", "cls", "__key__", "__index__", "__valid__"),
+                      batch_size=4, py_num_workers=2, world_size=2, shuffle=True, seed=3, num_threads=2, device_id=None)
+    def pipe(jpg, cls, key, index, valid):
+        return jpg, decode_image(jpg), cls, key, index, valid
+
+    checked = 0
+    for rank in range(2):
+        (steps,) = run_epochs(pipe(rank=rank), 1)
+        for jpg, image, cls, key, index, valid in steps:
+            for j, img, c, k, i, v in zip(jpg, image, cls, key, index, valid):
+                photo = int(i) % len(photos)
+                assert c.dtype == np.int64 and c.shape == () and int(c) == photos[photo].label
+                assert i.dtype == np.int64 and v.dtype == np.bool_
+                assert bytes(k).decode() == f"{int(i):06d}"
+                assert j.dtype == np.uint8 and j.ndim == 1
+                assert hashlib.sha1(j.tobytes()).digest() == hashlib.sha1(originals[photo]).digest()
+                w, h = Image.open(photos[photo].path).size
+                assert img.shape == (h, w, 3)
+                checked += bool(v)
+    assert checked == 47
+
+
+def test_same_seed_same_order_and_new_order_each_epoch(photo_shards):
+    make = index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2, shuffle=True, seed=123)
+    first = run_epochs(make(), 2)
+    again = run_epochs(make(), 2)
+    other = run_epochs(make(seed=124), 1)
+
+    def order(steps):
+        return [int(i) for index, _ in steps for i in index]
+
+    assert order(first[0]) == order(again[0]) and order(first[1]) == order(again[1])
+    assert order(first[0]) != order(first[1]), "reshuffled each epoch"
+    assert order(first[0]) != order(other[0]), "the seed matters"
+
+
+def test_start_epoch_continues_the_schedule(photo_shards):
+    make = index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2, shuffle=True, seed=5)
+    run = run_epochs(make(), 3)
+    later = run_epochs(make(start_epoch=2), 1)
+    assert [int(i) for s in run[2] for i in s[0]] == [int(i) for s in later[0] for i in s[0]]
+
+
+def test_third_party_shard_matches_webdataset():
+    want = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(MNIST, shardshuffle=False)}
+
+    @sharded_pipeline(MNIST, fields=("png", "cls", "__key__", "__valid__"), batch_size=8, py_num_workers=2,
+                      num_threads=1, device_id=None)
+    def pipe(png, cls, key, valid):
+        return decode_image(png, output_type=types.GRAY), cls, key, valid
+
+    (steps,) = run_epochs(pipe(), 1)
+    got = {}
+    for image, cls, key, valid in steps:
+        for img, c, k, v in zip(image, cls, key, valid):
+            assert img.shape == (28, 28, 1)
+            if v:
+                got[bytes(k).decode()] = int(c)
+    assert got == want and len(got) == 90
+
+
+def test_missing_field_error_names_shard_and_sample(photo_shards):
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpg", "txt"), batch_size=2, py_num_workers=2,
+                      num_threads=1, device_id=None)
+    def pipe(jpg, txt):
+        return jpg, txt
+
+    p = pipe()
+    p.build()
+    with pytest.raises(Exception) as err:
+        p.run()
+    text = str(err.value)
+    assert re.search(r"shard '[^']*sample-00000\d\.tar', sample '\d{6}': no member for field 'txt'", text), text
+    assert "What to do" in text
+
+
+def test_configuration_errors(photo_shards):
+    with pytest.raises(ConfigError, match="multiple of py_num_workers"):
+        index_pipeline(photo_shards["pattern"], batch_size=5, py_num_workers=2)()
+    with pytest.raises(EmptyDatasetError):
+        index_pipeline(photo_shards["pattern"], batch_size=48, py_num_workers=1, last_batch="drop")()
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2)(no_such_option=1)
+    with pytest.raises(ConfigError, match="fields"):
+        sharded_pipeline(photo_shards["pattern"], fields="jpg", batch_size=2, py_num_workers=1)
+
+
+def test_function_parameters_and_overrides(photo_shards):
+    @sharded_pipeline(photo_shards["pattern"], fields=("__index__",), batch_size=2, py_num_workers=1,
+                      num_threads=1, device_id=None)
+    def pipe(index, offset=0):
+        return index + offset
+
+    (steps,) = run_epochs(pipe(offset=1000, batch_size=47), 1)
+    assert [int(i) for i in steps[0][0]] == list(range(1000, 1047))
+
+
+@pytest.mark.parametrize("workers", [2, 5, 8])
+def test_merge_is_a_balanced_tree(photo_shards, workers):
+    p = index_pipeline(photo_shards["pattern"], batch_size=workers, py_num_workers=workers)()
+    p.build()
+    splits = sum(type(op._op).__name__ == "Split" for op in p._ops)
+    levels = math.ceil(math.log2(workers))
+    assert splits <= workers * levels + workers, f"{splits} split operators for {workers} workers"
+    linear = sum(range(2, workers + 1)) + workers - 1  # what an if/elif chain needs
+    assert workers < 5 or splits < linear
+
+
+def test_spawned_workers(photo_shards):
+    make = index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2, shuffle=True, seed=2,
+                          py_start_method="spawn")
+    spawned = run_epochs(make(), 2)
+    forked = run_epochs(make(py_start_method="fork"), 2)
+    assert [[int(i) for s in e for i in s[0]] for e in spawned] == [[int(i) for s in e for i in s[0]] for e in forked]
+
+
+def test_decode_helper_uses_cpu_without_gpu(photo_shards):
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, num_threads=1,
+                      device_id=None)
+    def pipe(jpg):
+        return decode_image(jpg)
+
+    p = pipe()
+    p.build()
+    (out,) = p.run()
+    assert type(out).__name__ == "TensorListCPU" and out[0].shape()[-1] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
+def test_mixed_decode_on_gpu(photo_shards):
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpg", "__index__", "__valid__"), batch_size=8,
+                      py_num_workers=2, shuffle=True, num_threads=2, device_id=0)
+    def pipe(jpg, index, valid):
+        return decode_image(jpg), index, valid
+
+    p = pipe()
+    assert pipeline_info(p).spec.num_samples == 47
+    (steps,) = run_epochs(p, 1)
+    photos = sample_images()
+    for images, index, valid in steps:
+        for img, i in zip(images, index):
+            w, h = Image.open(photos[int(i) % 47].path).size
+            assert img.shape == (h, w, 3)
+    seen = sorted(int(i) for _, index, valid in steps for i, v in zip(index, valid) if v)
+    assert seen == list(range(47))

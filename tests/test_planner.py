@@ -1,0 +1,206 @@
+"""The epoch planner: exactly-once, equal steps, balance, locality, determinism, reshuffling."""
+
+from collections import Counter
+from itertools import product
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dali_shards.errors import ConfigError, EmptyDatasetError
+from dali_shards.planner import PlanSpec, buffer_shuffle_order, plan_epoch, shard_permutation
+
+shard_lists = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda s: sum(s) > 0)
+
+
+@st.composite
+def configs(draw, last_batch=None):
+    sizes = draw(shard_lists)
+    world = draw(st.integers(1, 5))
+    workers = draw(st.integers(1, 4))
+    batch = workers * draw(st.integers(1, 4))
+    mode = last_batch or draw(st.sampled_from(["pad", "drop"]))
+    if mode == "drop" and sum(sizes) < world * batch:
+        mode = "pad"
+    return PlanSpec(
+        tuple(sizes),
+        world_size=world,
+        num_workers=workers,
+        batch_size=batch,
+        seed=draw(st.integers(-(2**63), 2**63)),
+        shuffle=draw(st.booleans()),
+        last_batch=mode,
+        shuffle_buffer=draw(st.integers(1, 64)),
+    )
+
+
+def all_batches(spec, epoch):
+    plan = spec.epoch(epoch)
+    return [plan.rank_batches(r) for r in range(spec.world_size)]
+
+
+def check_epoch(spec, epoch):
+    """Every invariant of one epoch's plan."""
+    plan = spec.epoch(epoch)
+    total = spec.num_samples
+    batches = all_batches(spec, epoch)
+    # equal steps on every rank, full-size batches
+    for index, valid in batches:
+        assert index.shape == valid.shape == (spec.steps_per_epoch, spec.batch_size)
+    index = np.concatenate([i.ravel() for i, _ in batches])
+    valid = np.concatenate([v.ravel() for _, v in batches])
+    assert ((0 <= index) & (index < total)).all(), "padding must hold real samples"
+    seen = Counter(index[valid].tolist())
+    assert all(c == 1 for c in seen.values()), "a sample delivered twice"
+    if spec.last_batch == "pad":
+        assert len(seen) == total, "a sample lost"
+        assert spec.steps_per_epoch == -(-total // spec.global_batch)
+        assert (~valid).sum() == spec.padding_per_epoch < spec.global_batch
+    else:
+        assert valid.all()
+        assert len(seen) == spec.steps_per_epoch * spec.global_batch
+        assert spec.steps_per_epoch == total // spec.global_batch
+        assert spec.dropped_per_epoch < spec.global_batch
+    # the mask the iterator uses is the plan's
+    for r, (_, v) in enumerate(batches):
+        for s in range(spec.steps_per_epoch):
+            assert (spec.valid_mask(r, s) == v[s]).all()
+    # balanced contiguous runs; padding only at the tail of a worker's slots
+    counts = [spec.worker_valid_count(v) for v in range(spec.num_virtual_workers)]
+    assert max(counts) - min(counts) <= 1
+    for v in range(spec.num_virtual_workers):
+        pos, ok = plan.worker_order(v)
+        start, stop = spec.worker_span(v)
+        assert sorted(pos[ok].tolist()) == list(range(start, stop))
+        assert ok.tolist() == [True] * (stop - start) + [False] * (len(ok) - (stop - start))
+    # locality: each worker reads a contiguous stretch of the shard sequence, so only the shards
+    # at the two ends of its run can be shared with other workers
+    readers = {}
+    for v in range(spec.num_virtual_workers):
+        segs = plan.worker_reads(v)
+        for k, seg in enumerate(segs):
+            assert 0 <= seg.first < seg.stop <= spec.shard_sizes[seg.shard]
+            readers.setdefault(seg.shard, []).append((v, k, len(segs)))
+        if len(segs) > 2:
+            for seg in segs[1:-1]:
+                assert (seg.first, seg.stop) == (0, spec.shard_sizes[seg.shard]), "interior shard read in part"
+    for shard, who in readers.items():
+        if len({v for v, _, _ in who}) > 1:
+            assert all(k in (0, n - 1) for _, k, n in who), f"shard {shard} shared away from a run boundary"
+    return batches
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs())
+def test_every_epoch_is_exactly_once_with_equal_steps(spec):
+    for epoch in (0, 1):
+        check_epoch(spec, epoch)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.integers(0, 10**6))
+def test_plan_is_deterministic(spec, epoch):
+    a, b = all_batches(spec, epoch), all_batches(PlanSpec(**spec.__dict__), epoch)
+    for (ia, va), (ib, vb) in zip(a, b):
+        assert (ia == ib).all() and (va == vb).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.data())
+def test_epochs_differ_when_shuffling(spec, data):
+    spec = PlanSpec(**{**spec.__dict__, "shuffle": True, "shuffle_buffer": 64})
+    # randomness is only possible if some worker holds at least 4 samples
+    if max(spec.worker_valid_count(v) for v in range(spec.num_virtual_workers)) < 4:
+        return
+    orders = {tuple(np.concatenate([i.ravel() for i, _ in all_batches(spec, e)])) for e in range(4)}
+    assert len(orders) > 1
+
+
+def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads():
+    spec = PlanSpec((5,) * 20, world_size=2, num_workers=2, batch_size=2, seed=9, shuffle=True)
+    orders = [spec.epoch(e).shard_order.tolist() for e in range(4)]
+    assert len({tuple(o) for o in orders}) == 4
+    for e, order in enumerate(orders):
+        plan = spec.epoch(e)
+        reads = [seg.shard for v in range(spec.num_virtual_workers) for seg in plan.worker_reads(v)]
+        assert reads == order, "workers must read the shards in the epoch's shuffled order"
+    assert PlanSpec((5,) * 20, shuffle=False).epoch(3).shard_order.tolist() == list(range(20))
+
+
+def test_unshuffled_plan_is_canonical_order():
+    spec = PlanSpec((3, 0, 4, 2), world_size=1, num_workers=1, batch_size=3)
+    index, valid = spec.epoch(5).rank_batches(0)
+    assert index.ravel().tolist() == list(range(9)) and valid.all()
+
+
+def test_exhaustive_small_configurations():
+    """Every world x workers x batch combination on a few awkward datasets (MosaicML-style)."""
+    datasets = [(1,), (7,), (0, 5, 0), (1, 1, 1), (13, 2, 0, 9), (50,), (3,) * 10]
+    for sizes, world, workers, per_worker, mode, shuffle in product(
+        datasets, range(1, 5), range(1, 5), (1, 2, 3), ("pad", "drop"), (False, True)
+    ):
+        if mode == "drop" and sum(sizes) < world * workers * per_worker:
+            continue
+        spec = PlanSpec(sizes, world, workers, workers * per_worker, 11, shuffle, mode, 4)
+        check_epoch(spec, 3)
+
+
+def test_more_workers_than_samples_pads_with_real_samples():
+    spec = PlanSpec((2, 0, 1), world_size=3, num_workers=2, batch_size=2)
+    assert spec.steps_per_epoch == 1
+    batches = check_epoch(spec, 0)
+    valid = sum(int(v.sum()) for _, v in batches)
+    assert valid == 3 and spec.padding_per_epoch == 3
+    plan = spec.epoch(0)
+    for v in range(spec.num_virtual_workers):
+        assert plan.worker_reads(v), "a worker with no samples still reads one to pad with"
+
+
+def test_shard_order_changes_with_epoch_and_seed_only():
+    a = shard_permutation(50, seed=1, epoch=0)
+    assert sorted(a.tolist()) == list(range(50))
+    assert (a == shard_permutation(50, seed=1, epoch=0)).all()
+    assert (a != shard_permutation(50, seed=1, epoch=1)).any()
+    assert (a != shard_permutation(50, seed=2, epoch=0)).any()
+
+
+def test_plan_is_stable_across_releases():
+    """Golden values: a change here breaks reproducibility and resumption of saved runs, and must
+    come with a new PLAN_VERSION."""
+    assert shard_permutation(8, seed=42, epoch=3).tolist() == GOLDEN_SHARDS
+    assert list(buffer_shuffle_order(10, 4, seed=42, epoch=3, worker=1)) == GOLDEN_BUFFER
+
+
+GOLDEN_SHARDS = [5, 2, 6, 3, 4, 7, 1, 0]
+GOLDEN_BUFFER = [3, 1, 2, 4, 7, 0, 5, 8, 6, 9]
+
+
+@given(st.integers(0, 300), st.integers(1, 64), st.integers(0, 2**32), st.integers(0, 9))
+@settings(max_examples=200, deadline=None)
+def test_buffer_shuffle_is_a_bounded_permutation(n, size, seed, worker):
+    order = list(buffer_shuffle_order(n, size, seed, 0, worker))
+    assert sorted(order) == list(range(n))
+    for emitted, x in enumerate(order):
+        assert x < emitted + size, "emitted before it could have been read"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(shard_sizes=(5,), batch_size=3, num_workers=2), ConfigError),
+        (dict(shard_sizes=(0, 0), batch_size=2), EmptyDatasetError),
+        (dict(shard_sizes=(3,), batch_size=2, world_size=2, last_batch="drop"), EmptyDatasetError),
+        (dict(shard_sizes=(3,), last_batch="fill"), ConfigError),
+        (dict(shard_sizes=(3,), world_size=0), ConfigError),
+        (dict(shard_sizes=(-1, 4)), ConfigError),
+    ],
+)
+def test_bad_configurations_are_refused(kwargs, error):
+    with pytest.raises(error):
+        PlanSpec(**kwargs)
+
+
+def test_batch_multiple_error_says_what_to_do():
+    with pytest.raises(ConfigError, match="multiple of py_num_workers"):
+        plan_epoch([10], epoch=0, batch_size=10, num_workers=4)

@@ -1,0 +1,111 @@
+"""Shard lists (patterns, globs, lists, manifests), the shard writer, and rank detection."""
+
+import hashlib
+import os
+import sys
+
+import pytest
+
+from dali_shards.distributed import resolve_world
+from dali_shards.errors import ConfigError, ShardAccessError
+from dali_shards.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
+from dali_shards.sample_data import write_sample_shards
+from dali_shards.shardlist import expand_pattern, resolve_source
+from dali_shards.writer import ShardWriter, write_shard
+
+
+@pytest.fixture()
+def shards(tmp_path):
+    return write_sample_shards(str(tmp_path), shard_sizes=(3, 0, 5))
+
+
+def test_brace_glob_list_and_manifest_agree(tmp_path, shards):
+    brace = resolve_source(str(tmp_path / "sample-{000000..000002}.tar"))
+    glob = resolve_source(str(tmp_path / "sample-*.tar"))
+    listed = resolve_source(shards)
+    assert brace == glob == listed
+    assert [s.samples for s in brace] == [3, 0, 5]
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, brace)
+    assert resolve_source(manifest) == brace
+    assert '"url": "sample-000000.tar"' in open(manifest).read(), "paths are stored relative"
+
+
+def test_file_urls(shards):
+    info = resolve_source(["file://" + shards[0]])
+    assert info[0].samples == 3
+
+
+def test_missing_shard_is_named(tmp_path):
+    with pytest.raises(ShardAccessError, match="nope-000000.tar.*2 of the 2 shards.*nope-000001.tar") as err:
+        resolve_source(str(tmp_path / "nope-{000000..000001}.tar"))
+    assert "check the shard path" in str(err.value)
+
+
+def test_glob_without_match(tmp_path):
+    with pytest.raises(ConfigError, match="matches no files"):
+        expand_pattern(str(tmp_path / "*.tar"))
+
+
+def test_bad_manifests(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text('{"shards": []}')
+    with pytest.raises(ConfigError, match="not a dali-shards manifest"):
+        read_manifest(str(bad))
+    bad.write_text('{"format": "dali-shards-manifest", "version": 1, "shards": [{"url": "a.tar"}]}')
+    with pytest.raises(ConfigError, match="integer"):
+        read_manifest(str(bad))
+
+
+def test_scan_counts_match_writer(tmp_path):
+    paths = []
+    with ShardWriter(str(tmp_path / "w-%03d.tar"), max_count=4) as w:
+        for i in range(10):
+            w.write({"__key__": f"{i:04d}", "txt": f"sample {i}", "cls": i % 3})
+        paths = w.paths
+    assert w.counts == [4, 4, 2]
+    assert [s.samples for s in scan_shards(paths)] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("name", ["d.tar", "d.tar.gz"])
+def test_writer_is_deterministic(tmp_path, name):
+    samples = [{"__key__": f"{i:03d}", "bin": bytes([i]) * 700, "cls": i} for i in range(5)]
+    a, b = tmp_path / "a" / name, tmp_path / "b" / name
+    write_shard(str(a), samples)
+    write_shard(str(b), samples)
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+    assert [s.samples for s in scan_shards([str(a)])] == [5]
+
+
+def test_writer_refuses_keys_with_dots(tmp_path):
+    with pytest.raises(ConfigError):
+        write_shard(str(tmp_path / "x.tar"), [{"__key__": "a.b", "txt": "x"}])
+
+
+def test_resolve_world_precedence(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert resolve_world() == (1, 0)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert resolve_world() == (4, 3)
+    assert resolve_world(2, 1) == (2, 1)
+    assert resolve_world(rank=0) == (4, 0)
+    with pytest.raises(ConfigError):
+        resolve_world(2, 2)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ConfigError, match="RANK"):
+        resolve_world()
+
+
+def test_resolve_world_from_torch_distributed(monkeypatch, tmp_path):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    monkeypatch.setenv("RANK", "5")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", world_size=1, rank=0)
+    try:
+        assert resolve_world() == (1, 0), "an initialized process group wins over the environment"
+    finally:
+        dist.destroy_process_group()
+    assert "torch" in sys.modules

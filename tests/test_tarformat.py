@@ -1,0 +1,140 @@
+"""Reading tar shards: same samples as the webdataset library, clear errors on damaged shards."""
+
+import io
+import os
+import tarfile
+
+import pytest
+import webdataset as wds
+
+from dali_shards.errors import ShardFormatError
+from dali_shards.storage import open_shard
+from dali_shards.tarformat import TarReader, count_samples, split_key
+
+
+def make_tar(path, members, fmt=tarfile.GNU_FORMAT, mode="w"):
+    """members: (name, bytes) for files, (name, None) for directories, (name, "->target") links."""
+    with tarfile.open(path, mode, format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(data, str):
+                info.type = tarfile.SYMTYPE
+                info.linkname = data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def ours(path, **kw):
+    with open_shard(path) as f:
+        return [(s.key, dict(s.data)) for s in TarReader(f, path).samples(**kw)]
+
+
+def theirs(path):
+    out = []
+    for s in wds.WebDataset(path, shardshuffle=False):
+        out.append((s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}))
+    return out
+
+
+AWKWARD = [
+    ("a/dir", None),
+    ("a/dir/000.jpg", b"jpeg-0"),
+    ("a/dir/000.cls", b"3"),
+    ("a/dir/000.seg.PNG", b"mask-0"),
+    ("__meta__", b"ignored"),
+    ("README", b"no extension: ignored"),
+    ("001.jpg", b"jpeg-1"),
+    ("001.json", b"{}"),
+    ("link.jpg", "->001.jpg"),
+    ("x" * 120 + "/002.jpg", b"long name"),
+    ("x" * 120 + "/002.cls", b"7"),
+    ("003.JPG", b"upper"),
+    ("001.txt", b"key seen again later: a new sample, as in webdataset"),
+    ("empty.txt", b""),
+]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("mode, suffix", [("w", ".tar"), ("w:gz", ".tar.gz"), ("w:bz2", ".tar.bz2"), ("w:xz", ".tar.xz")])
+def test_samples_match_webdataset(tmp_path, fmt, mode, suffix):
+    path = make_tar(tmp_path / f"shard{suffix}", AWKWARD, fmt=fmt, mode=mode)
+    got = ours(path)
+    assert got == theirs(path)
+    assert [k for k, _ in got] == ["a/dir/000", "001", "x" * 120 + "/002", "003", "001", "empty"]
+    assert got[0][1] == {"jpg": b"jpeg-0", "cls": b"3", "seg.png": b"mask-0"}
+    with open_shard(path) as f:
+        assert count_samples(f, path) == len(got)
+
+
+def test_third_party_shard_matches_webdataset():
+    path = os.path.join(os.path.dirname(__file__), "data", "wds-sample-mnist.tgz")
+    got = ours(path)
+    assert len(got) == 90
+    assert got == theirs(path)
+
+
+def test_window_of_samples_and_selected_members(tmp_path):
+    members = []
+    for i in range(10):
+        members += [(f"{i:03d}.jpg", b"j%d" % i), (f"{i:03d}.cls", b"%d" % i)]
+    path = make_tar(tmp_path / "s.tar", members)
+    got = ours(path, want=lambda ext: ext == "cls", start=3, stop=6)
+    assert got == [("003", {"cls": b"3"}), ("004", {"cls": b"4"}), ("005", {"cls": b"5"})]
+    with open_shard(path) as f:
+        positions = [s.position for s in TarReader(f, path).samples(start=8)]
+    assert positions == [8, 9]
+
+
+def test_empty_archive_has_no_samples(tmp_path):
+    path = make_tar(tmp_path / "empty.tar", [])
+    assert ours(path) == []
+    open(tmp_path / "zero.tar", "wb").close()
+    assert ours(str(tmp_path / "zero.tar")) == []
+
+
+def test_truncated_shard_is_named(tmp_path):
+    path = make_tar(tmp_path / "t.tar", [("000.jpg", b"x" * 5000), ("000.cls", b"1")])
+    data = open(path, "rb").read()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:3000])
+    with pytest.raises(ShardFormatError, match="truncated") as err:
+        ours(str(cut))
+    assert err.value.url == str(cut) and "re-create" in str(err.value)
+
+
+def test_corrupt_header_is_named(tmp_path):
+    path = make_tar(tmp_path / "c.tar", [("000.jpg", b"x" * 600), ("000.cls", b"1")])
+    data = bytearray(open(path, "rb").read())
+    data[1536 + 3] ^= 0xFF  # inside the second header (the first member: 512-byte header + 1024 data)
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match="checksum"):
+        ours(str(bad))
+
+
+def test_not_a_tar_file(tmp_path):
+    bad = tmp_path / "notes.tar"
+    bad.write_bytes(b"this is not a tar archive at all\n" * 40)
+    with pytest.raises(ShardFormatError, match=r"notes\.tar"):
+        ours(str(bad))
+
+
+def test_duplicate_member_in_a_sample(tmp_path):
+    path = make_tar(tmp_path / "d.tar", [("000.jpg", b"a"), ("000.jpg", b"b")])
+    with pytest.raises(ShardFormatError, match="duplicate") as err:
+        ours(path)
+    assert err.value.key == "000"
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("a/b.c.d", ("a/b", "c.d")), ("x.JPG", ("x", "jpg")), ("noext", (None, None)), ("d.ir/file.txt", ("d.ir/file", "txt"))],
+)
+def test_split_key(name, expected):
+    assert split_key(name) == expected

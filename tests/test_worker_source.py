@@ -1,0 +1,120 @@
+"""The per-worker source, without DALI: batches follow the plan; lazy; epochs counted per process."""
+
+import multiprocessing as mp
+import pickle
+
+import numpy as np
+import pytest
+
+from dali_shards.errors import ShardAccessError, ShardFormatError
+from dali_shards.layout import SampleLayout
+from dali_shards.manifest import scan_shards
+from dali_shards.planner import PlanSpec
+from dali_shards.sample_data import write_sample_shards
+from dali_shards.worker_source import WorkerSource
+
+LAYOUT = SampleLayout(("cls", "__index__"))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    paths = write_sample_shards(str(tmp_path_factory.mktemp("ws")), shard_sizes=(9, 0, 14, 1, 6))
+    return paths, tuple(s.samples for s in scan_shards(paths))
+
+
+def decode(batch, worker, m):
+    """(index, valid) of the worker's slice; asserts every other slot is an empty dummy."""
+    out = []
+    for slot, blob in enumerate(batch):
+        if worker * m <= slot < (worker + 1) * m:
+            header = LAYOUT.unpack_header(blob)
+            out.append((int(header[0]), bool(header[1])))
+        else:
+            assert blob.size == 0
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_follow_the_plan(shards, shuffle):
+    paths, sizes = shards
+    spec = PlanSpec(sizes, world_size=2, num_workers=3, batch_size=6, seed=5, shuffle=shuffle, shuffle_buffer=4)
+    for rank in range(2):
+        for worker in range(3):
+            src = WorkerSource(spec, paths, LAYOUT, rank, worker)
+            for epoch in range(2):
+                batches = list(iter(src))
+                assert len(batches) == spec.steps_per_epoch
+                assert all(len(b) == spec.batch_size for b in batches)
+                got = [x for b in batches for x in decode(b, worker, spec.mini_batch)]
+                pos, valid = spec.epoch(epoch).worker_order(rank * 3 + worker)
+                expected = spec.epoch(epoch).canonical_index(pos)
+                assert got == list(zip(expected.tolist(), valid.tolist()))
+
+
+def test_labels_follow_the_photos(shards):
+    from dali_shards.sample_data import sample_images
+
+    paths, sizes = shards
+    labels = [img.label for img in sample_images()]
+    spec = PlanSpec(sizes, batch_size=5, shuffle=True, seed=1)
+    layout = SampleLayout(("cls", "__index__"))
+    for batch in iter(WorkerSource(spec, paths, layout, 0, 0)):
+        for blob in batch:
+            cls, index = layout.unpack_header(blob)[2], layout.unpack_header(blob)[0]
+            assert cls == labels[index % len(labels)]
+
+
+def test_shuffle_buffer_bounds_memory(shards):
+    paths, sizes = shards
+    spec = PlanSpec(sizes, batch_size=2, shuffle=True, shuffle_buffer=3)
+    it = iter(WorkerSource(spec, paths, LAYOUT, 0, 0))
+    peak = 0
+    for _ in it:
+        peak = max(peak, len(it._pending))
+    assert 0 < peak <= 3
+
+
+def test_iter_is_lazy_and_errors_name_the_shard(tmp_path):
+    spec = PlanSpec((4,), batch_size=2)
+    src = WorkerSource(spec, [str(tmp_path / "missing.tar")], LAYOUT, 0, 0)
+    it = iter(src)  # what DALI does in the main process: must not touch the shard
+    with pytest.raises(ShardAccessError, match="missing.tar"):
+        next(it)
+
+
+def test_shard_shorter_than_planned(shards):
+    paths, sizes = shards
+    spec = PlanSpec((sizes[0] + 2,), batch_size=1)  # plan claims more samples than the shard has
+    with pytest.raises(ShardFormatError, match="fewer samples"):
+        list(iter(WorkerSource(spec, paths[:1], LAYOUT, 0, 0)))
+
+
+def _child_epochs(src, queue):
+    first, second = iter(src), iter(src)
+    queue.put((first.epoch, second.epoch))
+
+
+def test_epochs_are_counted_per_process(shards):
+    paths, sizes = shards
+    src = WorkerSource(PlanSpec(sizes, batch_size=2), paths, LAYOUT, 0, 0, start_epoch=7)
+    assert iter(src).epoch == 7  # the main process's call, made at pipeline definition
+    assert iter(src).epoch == 8
+    # a forked worker starts counting afresh, as does an unpickled (spawned) copy
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_epochs, args=(src, queue))
+    proc.start()
+    assert queue.get(timeout=30) == (7, 8)
+    proc.join()
+    assert iter(pickle.loads(pickle.dumps(src))).epoch == 7
+
+
+def test_more_workers_than_samples(shards):
+    paths, sizes = shards
+    spec = PlanSpec((0, 0, 0, 1, 0), world_size=2, num_workers=2, batch_size=2)
+    seen = []
+    for rank in range(2):
+        for worker in range(2):
+            for b in iter(WorkerSource(spec, paths, LAYOUT, rank, worker)):
+                seen += decode(b, worker, 1)
+    assert sorted(seen, key=lambda x: not x[1]) == [(0, True), (0, False), (0, False), (0, False)]

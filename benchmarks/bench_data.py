@@ -17,7 +17,7 @@ from dali_shards.writer import ShardWriter
 
 
 def build_bench_shards(out_dir: str, num_samples: int = 2048, samples_per_shard: int = 256,
-                       size: int = 500, quality: int = 90, seed: int = 0) -> List[str]:
+                       size: int = 500, quality: int = 95, seed: int = 0) -> List[str]:
     """Write (or reuse) ``num_samples`` JPEG+cls samples in shards under ``out_dir``."""
     from PIL import Image
 

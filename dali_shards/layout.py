@@ -1,18 +1,25 @@
-"""The packed form in which a worker hands one sample to the pipeline.
+"""How a worker hands its samples to the pipeline, one array per batch slot.
 
-Each sample crosses from a worker process into the pipeline as one 1-D uint8 array: a header of
-int64 slots, then the bytes of the requested members. One array per sample, instead of one per
-field, matters because DALI's cost per batch slot (paid for every padding dummy too) dominates
-the transfer. The pipeline unpacks the fields after the worker slices are merged.
+DALI charges a fixed price per batch slot (the padding dummies included) and copies byte ranges
+slowly, so each batch slot carries one array, and the large field (``jpg``) travels as read:
+
+- *table* layout (two or more workers): a sample's slot holds its *payload* -- the bytes of its
+  largest requested field, exactly as stored. Everything else (index, valid flag, ``.cls``
+  integers, keys and small byte fields) goes into a per-batch *table* that the worker puts in one
+  of its padding slots: ``mini_batch`` rows of int64 header slots, then a heap of bytes. The
+  pipeline copies each table to its worker's slots, merges, and cuts out each sample's row.
+- *packed* layout (one worker, no padding slot to spare): a sample's slot holds one array, its
+  header row followed by the bytes of all its byte fields.
 
 Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its ``__valid__`` flag, then per field:
-``.cls``-like fields one slot (the integer), byte fields two (offset in the array and length).
+``.cls``-like fields one slot (the integer), byte fields other than the payload two (offset and
+length, in the table or the packed array).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,12 +30,18 @@ KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
 SPECIAL_FIELDS = (KEY, INDEX, VALID)
 INT_EXTENSIONS = frozenset({"cls"})
 INDEX_SLOT, VALID_SLOT = 0, 1
+EMPTY = np.empty((0,), dtype=np.uint8)
+
+
+def table_slot(worker: int, num_workers: int, mini_batch: int) -> int:
+    """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
+    return (worker + 1) % num_workers * mini_batch
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One requested field: its name, kind (bytes, int, key, index, valid), the extensions that
-    may provide it (first present wins, as in ``"jpg;png"``) and its header slot."""
+    """One requested field: its name, kind (payload, bytes, int, key, index, valid), the
+    extensions that may provide it (first present wins, as in ``"jpg;png"``), its header slot."""
 
     name: str
     kind: str
@@ -36,10 +49,34 @@ class FieldSpec:
     slot: int
 
 
-class SampleLayout:
-    """Packs samples for a given tuple of fields, and tells the pipeline how to unpack them."""
+class Packed:
+    """A sample ready for batching: its header row, its payload (table layout) and the bytes of
+    its other byte fields, or (packed layout) the single array with all of them."""
 
-    def __init__(self, fields: Sequence[str]):
+    __slots__ = ("header", "payload", "parts", "blob")
+
+    def __init__(self, header, payload=None, parts=(), blob=None):
+        self.header = header
+        self.payload = payload
+        self.parts = parts
+        self.blob = blob
+
+    def as_padding(self) -> "Packed":
+        """The same sample with ``__valid__`` false (the header is copied, the data shared)."""
+        if self.blob is not None:
+            blob = self.blob.copy()
+            header = blob[: self.header.nbytes].view(np.int64)
+            header[VALID_SLOT] = 0
+            return Packed(header, blob=blob)
+        header = self.header.copy()
+        header[VALID_SLOT] = 0
+        return Packed(header, self.payload, self.parts)
+
+
+class SampleLayout:
+    """Field specs, header slots, and the packing of samples for one layout."""
+
+    def __init__(self, fields: Sequence[str], *, table: bool = False, payload: Optional[str] = None):
         if isinstance(fields, str) or not fields:
             raise ConfigError(
                 f"fields must be a non-empty sequence of extensions such as ('jpg', 'cls'), got {fields!r}"
@@ -55,7 +92,11 @@ class SampleLayout:
             else:
                 exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
                 kind = "int" if all(e in INT_EXTENSIONS for e in exts) else "bytes"
-            if kind == "index":
+            if name == payload and table:
+                if kind != "bytes":
+                    raise ConfigError(f"payload field {payload!r} must be a member's bytes, not {kind}")
+                specs.append(FieldSpec(name, "payload", exts, -1))
+            elif kind == "index":
                 specs.append(FieldSpec(name, kind, exts, INDEX_SLOT))
             elif kind == "valid":
                 specs.append(FieldSpec(name, kind, exts, VALID_SLOT))
@@ -65,70 +106,135 @@ class SampleLayout:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ConfigError(f"fields must be distinct, got {tuple(fields)!r}")
+        if payload is not None and payload not in names:
+            raise ConfigError(f"payload field {payload!r} is not among the fields {tuple(names)!r}")
         self.fields: Tuple[FieldSpec, ...] = tuple(specs)
+        self.table = table
+        self.payload = payload if table else None
         self.header_slots = slot
         self.header_bytes = 8 * slot
         self.extensions = frozenset(e for s in specs for e in s.extensions)
+        self._has_key = any(s.kind == "key" for s in specs)
+        # Reading straight into the arrays that go to the pipeline saves a copy per sample: the
+        # payload into an array of its own; in the packed layout, when it is the only byte field
+        # besides the key, the byte field into the packed array right after the header.
+        self._payload_exts = frozenset(e for s in specs if s.kind == "payload" for e in s.extensions)
+        heap = [s for s in specs if s.kind == "bytes"]
+        self._placed = heap[0] if (not table and len(heap) == 1) else None
+        self._placed_exts = frozenset(self._placed.extensions) if self._placed else frozenset()
 
     def __repr__(self) -> str:
-        return f"SampleLayout({[f.name for f in self.fields]!r})"
+        kind = f"table, payload={self.payload!r}" if self.table else "packed"
+        return f"SampleLayout({[f.name for f in self.fields]!r}, {kind})"
 
     def __getstate__(self):
-        return {"fields": [f.name for f in self.fields]}
+        return {"fields": [f.name for f in self.fields], "table": self.table, "payload": self.payload}
 
     def __setstate__(self, state):
-        self.__init__(state["fields"])
+        self.__init__(state["fields"], table=state["table"], payload=state["payload"])
 
     @property
-    def has_payload(self) -> bool:
-        """True when some field carries member bytes (not only integers and keys)."""
-        return any(f.kind == "bytes" for f in self.fields)
+    def byte_fields(self) -> Tuple[FieldSpec, ...]:
+        """The fields that carry member bytes (not integers, keys, index or valid)."""
+        return tuple(f for f in self.fields if f.kind in ("bytes", "payload"))
 
-    def wants(self, ext: str) -> bool:
-        return ext in self.extensions
+    # -- worker side ---------------------------------------------------------------------
+    def destination(self, sample: RawSample, ext: str, size: int) -> Optional[np.ndarray]:
+        """Where a member's data should be read (see ``tarformat.Destination``)."""
+        if ext in self._payload_exts:
+            return np.empty(size, dtype=np.uint8)
+        if ext in self._placed_exts and sample.extra is None:
+            key_bytes = len(sample.key.encode("utf-8")) if self._has_key else 0
+            blob = np.empty(self.header_bytes + size + key_bytes, dtype=np.uint8)
+            sample.extra = (ext, size, blob)
+            return blob[self.header_bytes : self.header_bytes + size]
+        return None
 
-    def pack(self, sample: RawSample, index: int) -> np.ndarray:
-        """The packed array of a sample read from a shard, marked valid."""
-        parts = []
+    def pack(self, sample: RawSample, index: int) -> Packed:
+        """A sample read from a shard, ready for batching, marked valid."""
+        parts: List[Tuple[int, bytes]] = []
         ints = []
+        payload = None
+        placed = None
         for spec in self.fields:
-            if spec.kind == "key":
+            kind = spec.kind
+            if kind == "key":
                 parts.append((spec.slot, sample.key.encode("utf-8")))
-            elif spec.kind in ("bytes", "int"):
+            elif kind == "payload":
                 data = self._member(sample, spec)
-                if spec.kind == "bytes":
-                    parts.append((spec.slot, data))
+                payload = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+            elif kind == "bytes":
+                data = self._member(sample, spec)
+                if spec is self._placed and sample.extra is not None and sample.extra[0] == self._chosen(sample, spec):
+                    placed = (spec.slot, sample.extra[1], sample.extra[2])
                 else:
-                    ints.append((spec.slot, self._parse_int(sample, spec, data)))
-        total = self.header_bytes + sum(len(d) for _, d in parts)
-        blob = np.empty(total, dtype=np.uint8)
+                    parts.append((spec.slot, data))
+            elif kind == "int":
+                ints.append((spec.slot, self._parse_int(sample, spec, self._member(sample, spec))))
+        if self.table:
+            header = np.empty(self.header_slots, dtype=np.int64)
+            self._fill(header, index, ints)
+            return Packed(header, payload, parts)
+        if placed is not None:
+            slot, size, blob = placed
+            offset = self.header_bytes + size
+        else:
+            blob = np.empty(self.header_bytes + sum(len(d) for _, d in parts), dtype=np.uint8)
+            offset = self.header_bytes
         header = blob[: self.header_bytes].view(np.int64)
+        self._fill(header, index, ints)
+        if placed is not None:
+            header[slot] = self.header_bytes
+            header[slot + 1] = size
+        view = memoryview(blob)
+        for slot_, data in parts:
+            end = offset + len(data)
+            view[offset:end] = data
+            header[slot_] = offset
+            header[slot_ + 1] = len(data)
+            offset = end
+        return Packed(header, blob=blob)
+
+    def slot_array(self, packed: Packed) -> np.ndarray:
+        """What a sample's own batch slot carries."""
+        if self.table:
+            return packed.payload if packed.payload is not None else EMPTY
+        return packed.blob
+
+    def table_array(self, samples: Sequence[Packed]) -> np.ndarray:
+        """The table of a worker's mini-batch: one header row per sample, then the heap."""
+        rows = len(samples) * self.header_bytes
+        heap = sum(len(d) for p in samples for _, d in p.parts)
+        table = np.empty(rows + heap, dtype=np.uint8)
+        headers = table[:rows].view(np.int64).reshape(len(samples), self.header_slots)
+        view = memoryview(table)
+        offset = rows
+        for i, p in enumerate(samples):
+            headers[i] = p.header
+            for slot, data in p.parts:
+                end = offset + len(data)
+                view[offset:end] = data
+                headers[i, slot] = offset
+                headers[i, slot + 1] = len(data)
+                offset = end
+        return table
+
+    @staticmethod
+    def _fill(header: np.ndarray, index: int, ints) -> None:
         header[INDEX_SLOT] = index
         header[VALID_SLOT] = 1
         for slot, value in ints:
             header[slot] = value
-        offset = self.header_bytes
-        view = memoryview(blob)
-        for slot, data in parts:
-            end = offset + len(data)
-            view[offset:end] = data
-            header[slot] = offset
-            header[slot + 1] = len(data)
-            offset = end
-        return blob
 
     @staticmethod
-    def as_padding(blob: np.ndarray) -> np.ndarray:
-        """A copy of a packed sample marked invalid (``__valid__`` false)."""
-        pad = blob.copy()
-        pad[: 8 * (VALID_SLOT + 1)].view(np.int64)[VALID_SLOT] = 0
-        return pad
-
-    def unpack_header(self, blob: np.ndarray) -> np.ndarray:
-        return blob[: self.header_bytes].view(np.int64)
+    def _chosen(sample: RawSample, spec: FieldSpec) -> Optional[str]:
+        for ext in spec.extensions:
+            if ext in sample.data:
+                return ext
+        return None
 
     @staticmethod
-    def _member(sample: RawSample, spec: FieldSpec) -> bytes:
+    def _member(sample: RawSample, spec: FieldSpec):
         for ext in spec.extensions:
             data = sample.data.get(ext)
             if data is not None:
@@ -142,13 +248,13 @@ class SampleLayout:
         )
 
     @staticmethod
-    def _parse_int(sample: RawSample, spec: FieldSpec, data: bytes) -> int:
+    def _parse_int(sample: RawSample, spec: FieldSpec, data) -> int:
         try:
-            return int(data.strip())
+            return int(bytes(data).strip())
         except ValueError:
             raise ShardFormatError(
                 sample.url,
-                f"field {spec.name!r} must hold a text integer, got {data[:40]!r}",
+                f"field {spec.name!r} must hold a text integer, got {bytes(data)[:40]!r}",
                 key=sample.key,
                 hint="write class labels as decimal text (e.g. b'281'), or request the field as bytes "
                 "under another extension",

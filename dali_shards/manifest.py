@@ -1,10 +1,12 @@
 """Per-shard sample counts: from a manifest file, or from a scan of the tar headers.
 
 A manifest is a JSON file listing the shards (paths relative to the manifest) and how many
-samples each holds, so that planning an epoch never needs to open a shard::
+samples each holds, so that planning an epoch never needs to open a shard; optionally the shard's
+size and its member bytes per extension::
 
     {"format": "dali-shards-manifest", "version": 1,
-     "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600}, ...]}
+     "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
+                 "ext_bytes": {"cls": 3000, "jpg": 104000000}}, ...]}
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, ShardAccessError
 from .storage import local_path, open_shard, shard_size
-from .tarformat import count_samples
+from .tarformat import ShardStats, scan_tar
 
 MANIFEST_FORMAT = "dali-shards-manifest"
 MANIFEST_VERSION = 1
@@ -26,14 +28,16 @@ MANIFEST_VERSION = 1
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """A shard's URL, its number of samples, and its stored size in bytes (if known)."""
+    """A shard's URL, its number of samples, its stored size in bytes and the bytes of its
+    members per extension (when known)."""
 
     url: str
     samples: int
     bytes: Optional[int] = None
+    ext_bytes: Optional[Dict[str, int]] = field(default=None, hash=False)
 
 
-_scan_cache: Dict[Tuple[str, int, int], int] = {}
+_scan_cache: Dict[Tuple[str, int, int], ShardStats] = {}
 _scan_lock = threading.Lock()
 
 
@@ -55,11 +59,11 @@ def scan_shard(url: str) -> ShardInfo:
         cached = _scan_cache.get(key) if key else None
     if cached is None:
         with open_shard(url) as stream:
-            cached = count_samples(stream, url)
+            cached = scan_tar(stream, url)
         if key:
             with _scan_lock:
                 _scan_cache[key] = cached
-    return ShardInfo(url, cached, shard_size(url))
+    return ShardInfo(url, cached.samples, shard_size(url), dict(cached.ext_bytes))
 
 
 def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
@@ -100,7 +104,8 @@ def read_manifest(path: str) -> List[ShardInfo]:
             raise ConfigError(f"manifest {path!r}: entry {i} has a negative sample count")
         if "://" not in url and not os.path.isabs(url):
             url = os.path.join(base, url)
-        shards.append(ShardInfo(url, samples, entry.get("bytes")))
+        ext_bytes = entry.get("ext_bytes")
+        shards.append(ShardInfo(url, samples, entry.get("bytes"), None if ext_bytes is None else dict(ext_bytes)))
     return shards
 
 
@@ -116,6 +121,8 @@ def write_manifest(path: str, shards: Sequence[ShardInfo]) -> None:
         entry = {"url": url, "samples": int(s.samples)}
         if s.bytes is not None:
             entry["bytes"] = int(s.bytes)
+        if s.ext_bytes is not None:
+            entry["ext_bytes"] = {k: int(v) for k, v in sorted(s.ext_bytes.items())}
         entries.append(entry)
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
     tmp = f"{path}.tmp{os.getpid()}"

@@ -20,7 +20,7 @@ from nvidia.dali.pipeline import Pipeline, pipeline_def
 
 from .distributed import default_device_id, resolve_world
 from .errors import ConfigError
-from .graph import SlotOwners, merge_slices, unpack_fields
+from .graph import assemble_fields
 from .layout import SampleLayout
 from .manifest import ShardInfo
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec
@@ -81,17 +81,37 @@ def _pipeline_seed(seed: int, rank: int) -> int:
     return int(state[0] & 0x7FFF_FFFF)
 
 
+def _mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:
+    """Mean bytes per sample of the members with these extensions, if the scan recorded them."""
+    samples = sum(s.samples for s in shards)
+    if not samples or any(s.ext_bytes is None for s in shards if s.samples):
+        return None
+    return sum(s.ext_bytes.get(e, 0) for s in shards if s.samples for e in exts) / samples
+
+
+def choose_layout(fields: Sequence[str], shards: Sequence[ShardInfo], num_workers: int) -> SampleLayout:
+    """The table layout for two or more workers, with the largest byte field (by the scan's
+    per-extension sizes; else the first) as payload; the packed layout for one worker."""
+    if num_workers < 2:
+        return SampleLayout(fields)
+    plain = SampleLayout(fields)
+    sizes = [(_mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)]
+    payload = max(sizes)[2] if sizes else None
+    return SampleLayout(fields, table=True, payload=payload)
+
+
 def _bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num_workers: int) -> Optional[int]:
     """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
     ``batch_size / num_workers`` samples, so the hint is the sample size divided by the workers."""
     per_slot_meta = 128
-    if not layout.has_payload:
-        return layout.header_bytes + per_slot_meta
-    sizes = [(s.bytes, s.samples) for s in shards if s.bytes is not None and s.samples > 0]
-    if not sizes:
-        return None
-    mean = sum(b for b, _ in sizes) / sum(n for _, n in sizes)
-    return int(mean * 1.25 / num_workers) + layout.header_bytes + per_slot_meta
+    exts = [e for spec in layout.byte_fields for e in spec.extensions]
+    mean = _mean_field_bytes(shards, exts) if exts else 0.0
+    if mean is None:
+        known = [(s.bytes, s.samples) for s in shards if s.bytes and s.samples]
+        if not known:
+            return None
+        mean = sum(b for b, _ in known) / sum(n for _, n in known)
+    return int((mean + layout.header_bytes) * 1.25 / num_workers) + per_slot_meta
 
 
 def build_sharded_pipeline(
@@ -108,8 +128,8 @@ def build_sharded_pipeline(
     batch_size = options["batch_size"]
     if not isinstance(num_workers, int) or num_workers < 1:
         raise ConfigError(f"py_num_workers must be a positive integer, got {num_workers!r}")
-    layout = SampleLayout(options["fields"])
     shards = tuple(resolve_source(options["source"]))
+    layout = choose_layout(options["fields"], shards, num_workers)
     seed = int(options.get("seed", 0))
     spec = PlanSpec(
         tuple(s.samples for s in shards),
@@ -124,12 +144,11 @@ def build_sharded_pipeline(
     start_epoch = int(options.get("start_epoch", 0))
     urls = [s.url for s in shards]
     sources = [WorkerSource(spec, urls, layout, rank, w, start_epoch) for w in range(num_workers)]
-    owners = SlotOwners(num_workers, spec.mini_batch) if num_workers > 1 else None
     hint = _bytes_per_sample_hint(shards, layout, num_workers)
     prefetch = int(options.get("worker_prefetch", 2))
 
     def graph():
-        slices = [
+        outputs = [
             fn.external_source(
                 source=s,
                 batch=True,
@@ -140,11 +159,7 @@ def build_sharded_pipeline(
             )
             for s in sources
         ]
-        if owners is None:
-            blob = slices[0]
-        else:
-            blob = merge_slices(fn.external_source(source=owners, batch=True), slices)
-        return func(*unpack_fields(blob, layout), *fn_args, **fn_kwargs)
+        return func(*assemble_fields(outputs, layout, batch_size), *fn_args, **fn_kwargs)
 
     kwargs = {"batch_size": batch_size, "py_num_workers": num_workers, "seed": _pipeline_seed(seed, rank)}
     if "device_id" not in pipeline_kwargs:

@@ -12,16 +12,17 @@ members nobody asked for (seeking when the stream allows it).
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Dict, Iterator, Optional
+from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional
 
 from .errors import ShardFormatError
 
 BLOCK = 512
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
-_REGULAR = (b"0", b"\0", b"7")
-_SKIPPED_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6", b"g", b"V", b"M", b"N", b"K", b"D")
+_REGULAR_FLAGS = frozenset(b"0\x007")  # regular file ("0", NUL) and contiguous file ("7")
+_NO_DATA_FLAGS = frozenset(b"123456")  # links, devices, directories, FIFOs: no data (as tarfile)
 
 
 def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
@@ -37,68 +38,60 @@ def is_metadata(name: str) -> bool:
     return bool(_META.match(name)) or ("/" not in name and name.startswith("__") and name.endswith("__"))
 
 
-def _parse_number(field: bytes, url: str, what: str, offset: int) -> int:
-    if field and field[0] & 0x80:  # GNU base-256 encoding for large values
-        value = int.from_bytes(field[1:], "big")
-        if field[0] & 0x40:
-            value -= 1 << (8 * len(field) - 1)
-        return value
-    text = field.split(b"\0", 1)[0].strip()
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise ShardFormatError(
-            url,
-            f"corrupt tar header at byte {offset}: the {what} field {field!r} is not a number",
-            hint="the shard is damaged or is not a tar archive; re-create or re-download it",
-        ) from None
-
-
-@dataclass
 class Member:
     """One regular tar member: its name, the offset of its header, and its data size."""
 
-    name: str
-    header_offset: int
-    size: int
+    __slots__ = ("name", "header_offset", "size")
+
+    def __init__(self, name: str, header_offset: int, size: int):
+        self.name = name
+        self.header_offset = header_offset
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Member({self.name!r}, header_offset={self.header_offset}, size={self.size})"
 
 
 @dataclass
 class RawSample:
-    """One sample of a shard: its key, position in the shard, and the data of selected members."""
+    """One sample of a shard: its key, position in the shard, and the data of selected members
+    (bytes, or the buffer a ``Destination`` supplied). ``extra`` is free for a destination's
+    bookkeeping."""
 
     key: str
     position: int
     url: str
-    data: Dict[str, bytes] = field(default_factory=dict)
+    data: Dict[str, Any] = field(default_factory=dict)
     extensions: list = field(default_factory=list)
+    extra: Any = None
+
+
+# Where to read a member's data: given (sample, extension, size), a writable buffer of that size,
+# or None for a new bytes object.
+Destination = Callable[[RawSample, str, int], Optional[Any]]
+
+_TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-create it"
+_CORRUPT_HINT = "the shard is damaged or is not a tar archive; re-create or re-download it"
 
 
 class TarReader:
-    """Reads tar members from a binary stream in order, without materialising the archive.
-
-    ``want(ext)`` decides whose data is read; the data of other members is skipped.
-    """
+    """Reads tar members from a binary stream in order, without materialising the archive."""
 
     def __init__(self, stream: BinaryIO, url: str):
         self._f = stream
+        self._read = stream.read
         self.url = url
         self._pos = 0
         self._seekable = bool(getattr(stream, "seekable", lambda: False)())
-        self._pending_name: Optional[str] = None
-        self._pending_size: Optional[int] = None
 
     # -- low level -----------------------------------------------------------------------
     def _read_exact(self, n: int, what: str) -> bytes:
-        data = self._f.read(n)
+        data = self._read(n)
         if len(data) != n:
             raise ShardFormatError(
                 self.url,
-                f"truncated tar archive: expected {n} bytes of {what} at byte {self._pos}, "
-                f"got {len(data)}",
-                hint="the shard was cut short (interrupted copy or download); re-create it",
+                f"truncated tar archive: expected {n} bytes of {what} at byte {self._pos}, got {len(data)}",
+                hint=_TRUNCATED_HINT,
             )
         self._pos += n
         return data
@@ -107,53 +100,52 @@ class TarReader:
         if n <= 0:
             return
         if self._seekable:
-            target = self._pos + n
-            self._f.seek(target)
-            self._pos = target
+            self._pos += n
+            self._f.seek(self._pos)
             return
         while n > 0:
-            chunk = self._f.read(min(n, 1 << 20))
+            chunk = self._read(min(n, 1 << 20))
             if not chunk:
                 raise ShardFormatError(
-                    self.url,
-                    f"truncated tar archive: {what} ends early at byte {self._pos}",
-                    hint="the shard was cut short (interrupted copy or download); re-create it",
+                    self.url, f"truncated tar archive: {what} ends early at byte {self._pos}", hint=_TRUNCATED_HINT
                 )
             self._pos += len(chunk)
             n -= len(chunk)
 
-    @staticmethod
-    def _padded(size: int) -> int:
-        return (size + BLOCK - 1) // BLOCK * BLOCK
+    def _number(self, field_: bytes, what: str, offset: int) -> int:
+        if field_ and field_[0] & 0x80:  # GNU base-256 encoding for large values
+            value = int.from_bytes(field_[1:], "big")
+            if field_[0] & 0x40:
+                value -= 1 << (8 * len(field_) - 1)
+            return value
+        try:
+            return int(field_.split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:
+            raise ShardFormatError(
+                self.url,
+                f"corrupt tar header at byte {offset}: the {what} field {field_!r} is not a number",
+                hint=_CORRUPT_HINT,
+            ) from None
 
-    def _header(self) -> Optional[tuple[bytes, int]]:
-        offset = self._pos
-        hdr = self._f.read(BLOCK)
-        if not hdr:
-            return None  # end of stream without end-of-archive blocks: accepted, as tarfile does
-        if len(hdr) != BLOCK:
-            raise ShardFormatError(
-                self.url,
-                f"truncated tar archive: partial header of {len(hdr)} bytes at byte {offset}",
-                hint="the shard was cut short (interrupted copy or download); re-create it",
-            )
-        self._pos += BLOCK
-        if hdr.count(0) == BLOCK:
-            return None  # end-of-archive marker
-        stored = _parse_number(hdr[148:156], self.url, "checksum", offset)
-        actual = sum(hdr) - sum(hdr[148:156]) + 8 * 32
-        if stored != actual:
-            raise ShardFormatError(
-                self.url,
-                f"corrupt tar header at byte {offset}: checksum mismatch "
-                f"(stored {stored}, computed {actual})",
-                hint="the shard is damaged or is not a tar archive; re-create or re-download it",
-            )
-        return hdr, offset
+    def _check_header(self, hdr: bytes, offset: int) -> None:
+        chk = hdr[148:156]
+        stored = self._number(chk, "checksum", offset)
+        # The checksum is the byte sum with the checksum field read as spaces. Adler-32's low half
+        # is that sum mod 65521 (computed in C); one damaged byte moves the sum by at most 255, so
+        # it cannot hide. On a mismatch, check exactly (unsigned, or signed as old tars wrote it).
+        if ((zlib.adler32(hdr) & 0xFFFF) - 1 - sum(chk) + 256 - stored) % 65521:
+            unsigned = sum(hdr) - sum(chk) + 256
+            signed = unsigned - 256 * sum(1 for b in hdr if b > 127) + 256 * sum(1 for b in chk if b > 127)
+            if stored not in (unsigned, signed):
+                raise ShardFormatError(
+                    self.url,
+                    f"corrupt tar header at byte {offset}: checksum mismatch (stored {stored}, computed {unsigned})",
+                    hint=_CORRUPT_HINT,
+                )
 
     def _pax(self, size: int) -> dict:
         raw = self._read_exact(size, "pax header")
-        self._skip(self._padded(size) - size, "pax header padding")
+        self._skip(-size % BLOCK, "pax header padding")
         out = {}
         pos = 0
         while pos < len(raw):
@@ -174,76 +166,107 @@ class TarReader:
     def next_member(self) -> Optional[Member]:
         """The next regular member (positioned at its data), or None at the end of the archive."""
         long_name: Optional[str] = None
-        pax: dict = {}
+        pax: Optional[dict] = None
         while True:
-            got = self._header()
-            if got is None:
-                return None
-            hdr, offset = got
-            typeflag = hdr[156:157]
-            size = _parse_number(hdr[124:136], self.url, "size", offset)
-            if typeflag == b"L":  # GNU long name
-                long_name = self._read_exact(size, "long name").split(b"\0", 1)[0].decode("utf-8", "replace")
-                self._skip(self._padded(size) - size, "long name padding")
-                continue
-            if typeflag == b"x":  # POSIX pax extended header for the next member
-                pax = self._pax(size)
-                continue
-            if "size" in pax:
-                size = int(pax["size"])
-            if typeflag in _REGULAR:
+            offset = self._pos
+            hdr = self._read(BLOCK)
+            if len(hdr) != BLOCK:
+                if not hdr:
+                    return None  # end of stream without end-of-archive blocks: accepted, as tarfile does
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: partial header of {len(hdr)} bytes at byte {offset}",
+                    hint=_TRUNCATED_HINT,
+                )
+            self._pos = offset + BLOCK
+            if hdr[0] == 0 and hdr.count(0) == BLOCK:
+                return None  # end-of-archive marker
+            self._check_header(hdr, offset)
+            typeflag = hdr[156]
+            size = self._number(hdr[124:136], "size", offset)
+            if typeflag in _REGULAR_FLAGS:
+                if pax is not None and "size" in pax:
+                    size = int(pax["size"])
                 if long_name is not None:
                     name = long_name
-                elif "path" in pax:
+                elif pax is not None and "path" in pax:
                     name = pax["path"]
                 else:
                     name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-                    if hdr[257:263] == b"ustar\0":
-                        prefix = hdr[345:500].split(b"\0", 1)[0]
-                        if prefix:
-                            name = prefix.decode("utf-8", "replace") + "/" + name
+                    if hdr[257:263] == b"ustar\0" and hdr[345]:
+                        name = hdr[345:500].split(b"\0", 1)[0].decode("utf-8", "replace") + "/" + name
                 return Member(name, offset, size)
-            if typeflag == b"S":
+            if typeflag == 76:  # "L": GNU long name of the next member
+                long_name = self._read_exact(size, "long name").split(b"\0", 1)[0].decode("utf-8", "replace")
+                self._skip(-size % BLOCK, "long name padding")
+            elif typeflag == 120:  # "x": POSIX pax extended header of the next member
+                pax = self._pax(size)
+            elif typeflag == 83:  # "S"
                 raise ShardFormatError(
                     self.url,
                     f"unsupported GNU sparse member at byte {offset}",
                     hint="write shards without --sparse (e.g. with `dali-shards write` or tarfile)",
                 )
-            # directories, links, devices, global pax headers: no sample data
-            long_name, pax = None, {}
-            self._skip(self._padded(size), "skipped member")
+            else:  # directories, links, devices, global pax headers: no sample data
+                long_name, pax = None, None
+                self._skip(size + (-size % BLOCK) if typeflag not in _NO_DATA_FLAGS else 0, "skipped member")
 
     def read_data(self, member: Member) -> bytes:
-        data = self._read_exact(member.size, f"member {member.name!r}")
-        self._skip(self._padded(member.size) - member.size, "member padding")
+        size = member.size
+        data = self._read_exact(size, f"member {member.name!r}")
+        self._skip(-size % BLOCK, "member padding")
         return data
 
+    def read_into(self, member: Member, buffer: Any) -> Any:
+        """Read a member's data into ``buffer`` (exactly its size); returns the buffer."""
+        view = memoryview(buffer).cast("B")
+        got, size = 0, member.size
+        readinto = self._f.readinto
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: member {member.name!r} ends at byte {self._pos + got} of its {size}",
+                    hint=_TRUNCATED_HINT,
+                )
+            got += n
+        self._pos += size
+        self._skip(-size % BLOCK, "member padding")
+        return buffer
+
     def skip_data(self, member: Member) -> None:
-        self._skip(self._padded(member.size), f"member {member.name!r}")
+        size = member.size
+        self._skip(size + (-size % BLOCK), f"member {member.name!r}")
 
     # -- samples -------------------------------------------------------------------------
     def samples(
         self,
-        want: Callable[[str], bool] = lambda ext: True,
+        want: Optional[Collection[str]] = None,
         *,
         start: int = 0,
         stop: Optional[int] = None,
         read: bool = True,
+        into: Optional[Destination] = None,
     ) -> Iterator[RawSample]:
-        """Samples at positions ``[start, stop)`` in tar order, with the data of the members
-        ``want`` selects. Earlier samples are passed over by their headers alone, as is every
-        sample with ``read=False`` (a header scan)."""
+        """Samples at positions ``[start, stop)`` in tar order, with the data of the members whose
+        extension is in ``want`` (all if None), read where ``into`` says (default: new bytes
+        objects). Earlier samples are passed over by their headers alone, as is every sample with
+        ``read=False``."""
         current: Optional[RawSample] = None
         position = -1
+        key_ext = _KEY_EXT.match
+        next_member, skip_data, read_data, read_into = self.next_member, self.skip_data, self.read_data, self.read_into
         while True:
-            member = self.next_member()
+            member = next_member()
             if member is None:
                 break
             name = member.name
-            key, ext = split_key(name)
-            if key is None or is_metadata(name):
-                self.skip_data(member)
+            m = key_ext(name)
+            if m is None or ("__" in name and is_metadata(name)):
+                skip_data(member)
                 continue
+            key, ext = m.group(1), m.group(2).lower()
             if current is None or key != current.key:
                 if current is not None and position >= start:
                     yield current
@@ -259,14 +282,43 @@ class TarReader:
                     hint="each sample may hold one file per extension; fix the shard writer",
                 )
             current.extensions.append(ext)
-            if read and position >= start and want(ext):
-                current.data[ext] = self.read_data(member)
+            if read and position >= start and (want is None or ext in want):
+                buffer = into(current, ext, member.size) if into is not None else None
+                current.data[ext] = read_data(member) if buffer is None else read_into(member, buffer)
             else:
-                self.skip_data(member)
+                skip_data(member)
         if current is not None and position >= start:
             yield current
 
 
+@dataclass
+class ShardStats:
+    """What a header scan learns about a shard: its samples and the bytes per extension."""
+
+    samples: int = 0
+    ext_bytes: Dict[str, int] = field(default_factory=dict)
+
+
+def scan_tar(stream: BinaryIO, url: str) -> ShardStats:
+    """Scan a shard's tar headers (member data is skipped, by seeking where possible)."""
+    stats = ShardStats()
+    reader = TarReader(stream, url)
+    key = None
+    while True:
+        member = reader.next_member()
+        if member is None:
+            break
+        reader.skip_data(member)
+        k, ext = split_key(member.name)
+        if k is None or is_metadata(member.name):
+            continue
+        if k != key:
+            stats.samples += 1
+            key = k
+        stats.ext_bytes[ext] = stats.ext_bytes.get(ext, 0) + member.size
+    return stats
+
+
 def count_samples(stream: BinaryIO, url: str) -> int:
     """Number of samples in a shard, from its headers alone."""
-    return sum(1 for _ in TarReader(stream, url).samples(read=False))
+    return scan_tar(stream, url).samples

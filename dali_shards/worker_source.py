@@ -1,10 +1,11 @@
 """What one local worker feeds to its parallel external source: padded batches, epoch by epoch.
 
 A :class:`WorkerSource` is created in the main process, pickled (or forked) into the DALI worker
-process that owns it, and iterated there once per epoch. Each batch is ``batch_size`` packed
-samples long, the same size as every other worker's; only this worker's slice
-``[worker * mini_batch, (worker + 1) * mini_batch)`` holds samples, the other slots hold an empty
-dummy. The module imports no DALI.
+process that owns it, and iterated there once per epoch. Each batch is ``batch_size`` arrays
+long, the same size as every other worker's batch; only this worker's slice
+``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples, one padding slot holds
+its table (table layout, see ``layout``), the other slots hold an empty dummy. The module
+imports no DALI.
 """
 
 from __future__ import annotations
@@ -12,16 +13,11 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from .errors import ShardFormatError
-from .layout import SampleLayout
+from .layout import EMPTY, Packed, SampleLayout, table_slot
 from .planner import EpochPlan, PlanSpec, Segment
 from .storage import open_shard
 from .tarformat import TarReader
-
-_EMPTY = np.empty((0,), dtype=np.uint8)
-
 
 class WorkerSource:
     """The padded batches of local worker ``worker`` of ``rank`` (virtual worker
@@ -74,14 +70,14 @@ class EpochBatches:
         self.epoch = epoch
         self._step = 0
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
-        self._samples: Optional[Iterator[Tuple[int, np.ndarray]]] = None
-        self._pending: Dict[int, np.ndarray] = {}
-        self._last: Tuple[int, Optional[np.ndarray]] = (-1, None)
+        self._samples: Optional[Iterator[Tuple[int, Packed]]] = None
+        self._pending: Dict[int, Packed] = {}
+        self._last: Tuple[int, Optional[Packed]] = (-1, None)
 
     def __iter__(self) -> "EpochBatches":
         return self
 
-    def __next__(self) -> List[np.ndarray]:
+    def __next__(self):
         src = self.source
         spec = src.spec
         if self._order is None:
@@ -92,16 +88,23 @@ class EpochBatches:
             self._close()
             raise StopIteration
         m = spec.mini_batch
-        batch = [_EMPTY] * spec.batch_size
+        layout = src.layout
+        batch = [EMPTY] * spec.batch_size
         base = src.worker * m
+        samples = []
         for i in range(m):
             pos, valid = next(self._order)
-            blob = self._take(pos)
-            batch[base + i] = blob if valid else SampleLayout.as_padding(blob)
+            packed = self._take(pos)
+            if not valid:
+                packed = packed.as_padding()
+            batch[base + i] = layout.slot_array(packed)
+            samples.append(packed)
+        if layout.table:
+            batch[table_slot(src.worker, spec.num_workers, m)] = layout.table_array(samples)
         self._step += 1
         return batch
 
-    def _take(self, pos: int) -> np.ndarray:
+    def _take(self, pos: int) -> Packed:
         if self._last[0] == pos:
             return self._last[1]
         pending = self._pending
@@ -121,7 +124,7 @@ class EpochBatches:
 
 def _read_segments(
     plan: EpochPlan, segments: List[Segment], urls: Sequence[str], layout: SampleLayout
-) -> Iterator[Tuple[int, np.ndarray]]:
+) -> Iterator[Tuple[int, Packed]]:
     """(epoch position, packed sample) of every sample in ``segments``, in reading order."""
     for seg in segments:
         url = urls[seg.shard]
@@ -129,7 +132,10 @@ def _read_segments(
         position = seg.position
         read = seg.first
         with open_shard(url) as stream:
-            for sample in TarReader(stream, url).samples(layout.wants, start=seg.first, stop=seg.stop):
+            samples = TarReader(stream, url).samples(
+                layout.extensions, start=seg.first, stop=seg.stop, into=layout.destination
+            )
+            for sample in samples:
                 yield position, layout.pack(sample, offset + sample.position)
                 position += 1
                 read += 1

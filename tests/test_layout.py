@@ -16,29 +16,72 @@ def sample(key="k1", **data):
     return s
 
 
-def unpack(layout, blob):
-    """Reference unpacking, the numpy twin of graph.unpack_fields."""
-    header = layout.unpack_header(blob)
+def unpack_batch(layout, packed):
+    """Reference unpacking of a mini-batch (a list of Packed), the numpy twin of
+    graph.assemble_fields: what each slot's fields are in the pipeline."""
+    if layout.table:
+        table = layout.table_array(packed)
+        rows = table[: len(packed) * layout.header_bytes].view(np.int64).reshape(len(packed), -1)
+        items = [(layout.slot_array(p), rows[i], table) for i, p in enumerate(packed)]
+    else:
+        items = []
+        for p in packed:
+            blob = layout.slot_array(p)
+            items.append((None, blob[: layout.header_bytes].view(np.int64), blob))
     out = []
-    for spec in layout.fields:
-        if spec.kind in ("bytes", "key"):
-            off, n = header[spec.slot], header[spec.slot + 1]
-            out.append(bytes(blob[off : off + n]))
-        elif spec.kind == "valid":
-            out.append(bool(header[spec.slot]))
-        else:
-            out.append(int(header[spec.slot]))
+    for payload, header, heap in items:
+        fields = []
+        for spec in layout.fields:
+            if spec.kind == "payload":
+                fields.append(bytes(payload))
+            elif spec.kind in ("bytes", "key"):
+                off, n = header[spec.slot], header[spec.slot + 1]
+                fields.append(bytes(heap[off : off + n]))
+            elif spec.kind == "valid":
+                fields.append(bool(header[spec.slot]))
+            else:
+                fields.append(int(header[spec.slot]))
+        out.append(fields)
     return out
 
 
-def test_round_trip_of_every_field_kind():
-    layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "__valid__", "json"))
-    blob = layout.pack(sample(png=b"\x89PNG...", cls=b" 281\n", json=b"{}"), index=12345)
-    assert blob.dtype == np.uint8 and blob.ndim == 1
-    assert unpack(layout, blob) == [b"\x89PNG...", 281, b"k1", 12345, True, b"{}"]
-    pad = SampleLayout.as_padding(blob)
-    assert unpack(layout, pad)[4] is False and unpack(layout, blob)[4] is True
-    assert unpack(layout, pad)[:4] == unpack(layout, blob)[:4]
+def unpack(layout, packed):
+    return unpack_batch(layout, [packed])[0]
+
+
+LAYOUTS = [
+    dict(),
+    dict(table=True, payload="jpg;png"),
+    dict(table=True, payload="json"),
+    dict(table=True),
+]
+
+
+@pytest.mark.parametrize("kw", LAYOUTS)
+def test_round_trip_of_every_field_kind(kw):
+    layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "__valid__", "json"), **kw)
+    packed = layout.pack(sample(png=b"\x89PNG...", cls=b" 281\n", json=b"{}"), index=12345)
+    assert unpack(layout, packed) == [b"\x89PNG...", 281, b"k1", 12345, True, b"{}"]
+    pad = packed.as_padding()
+    assert unpack(layout, pad)[4] is False and unpack(layout, packed)[4] is True
+    assert unpack(layout, pad)[:4] == unpack(layout, packed)[:4]
+
+
+@pytest.mark.parametrize("kw", LAYOUTS)
+def test_a_table_holds_a_whole_mini_batch(kw):
+    layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)
+    samples = [sample(key=f"k{i}", jpg=bytes([i]) * (i + 1), cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
+    packed = [layout.pack(s, 100 + i) for i, s in enumerate(samples)]
+    packed[3] = packed[3].as_padding()
+    got = unpack_batch(layout, packed)
+    assert got == [[bytes([i]) * (i + 1), i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
+
+
+def test_payload_must_be_a_byte_field():
+    with pytest.raises(ConfigError):
+        SampleLayout(("jpg", "cls"), table=True, payload="cls")
+    with pytest.raises(ConfigError):
+        SampleLayout(("jpg",), table=True, payload="png")
 
 
 def test_first_present_alternative_wins():
@@ -75,7 +118,43 @@ def test_bad_field_lists(fields):
 def test_layout_pickles():
     import pickle
 
-    layout = SampleLayout(("jpg", "cls", "__index__"))
+    layout = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
     again = pickle.loads(pickle.dumps(layout))
     assert [f.name for f in again.fields] == ["jpg", "cls", "__index__"]
-    assert again.header_bytes == layout.header_bytes
+    assert again.header_bytes == layout.header_bytes and again.payload == "jpg" and again.table
+
+
+def test_layout_choice():
+    from dali_shards.manifest import ShardInfo
+    from dali_shards.pipeline import choose_layout
+
+    shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]
+    assert not choose_layout(("json", "jpg", "cls"), shards, 1).table
+    assert choose_layout(("json", "jpg", "cls"), shards, 2).payload == "jpg"
+    assert choose_layout(("cls", "__key__"), shards, 4).payload is None
+    legacy = [ShardInfo("a.tar", 10, 10**6)]  # no per-extension sizes: the first byte field
+    assert choose_layout(("json", "jpg", "cls"), legacy, 2).payload == "json"
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(table=True, payload="jpg;png")])
+@pytest.mark.parametrize("order", [("png", "cls", "jpg"), ("jpg", "png", "cls"), ("cls", "jpg")])
+@pytest.mark.parametrize("fields", [("jpg;png", "cls"), ("jpg;png", "cls", "__key__", "__index__")])
+def test_reading_into_place_gives_the_same_sample(kw, order, fields):
+    """What the reader does: ask the layout where each member goes, read there, then pack."""
+    layout = SampleLayout(fields, **kw)
+    members = {"jpg": b"J" * 1000, "png": b"P" * 300, "cls": b"12"}
+    direct, placed = sample(key="k9"), sample(key="k9")
+    for ext in order:
+        direct.data[ext] = members[ext]
+        direct.extensions.append(ext)
+        buffer = layout.destination(placed, ext, len(members[ext]))
+        if buffer is not None:
+            buffer[:] = np.frombuffer(members[ext], dtype=np.uint8)
+            placed.data[ext] = buffer
+        else:
+            placed.data[ext] = members[ext]
+        placed.extensions.append(ext)
+    want = unpack(layout, layout.pack(direct, 5))
+    got = unpack(layout, layout.pack(placed, 5))
+    assert got == want
+    assert want[0] == (members["jpg"] if "jpg" in order else members["png"])

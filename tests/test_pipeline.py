@@ -65,33 +65,49 @@ def test_pipelines_deliver_the_plan_exactly_once(photo_shards, world, workers, b
             assert len(seen) == total // (world * batch) * world * batch
 
 
-def test_more_virtual_workers_than_samples(tmp_path):
+def test_more_virtual_workers_than_samples(tmp_path, workers):
     from dali_shards.sample_data import write_sample_shards
 
     write_sample_shards(str(tmp_path), shard_sizes=(2, 0, 1))
-    make = index_pipeline(str(tmp_path / "sample-*.tar"), batch_size=3, py_num_workers=3, world_size=2, shuffle=True)
+    world = 4 if workers == 1 else 2  # 4 or 6 virtual workers for 3 samples
+
+    @sharded_pipeline(str(tmp_path / "sample-*.tar"), fields=("jpg", "__index__", "__valid__"), batch_size=workers,
+                      py_num_workers=workers, world_size=world, shuffle=True, num_threads=1, device_id=None)
+    def make(jpg, index, valid):
+        return jpg, index, valid
+
     seen = Counter()
-    for rank in range(2):
+    for rank in range(world):
         (steps,) = run_epochs(make(rank=rank), 1)
         assert len(steps) == 1
-        for index, valid in steps:
-            assert len(index) == 3
+        for jpg, index, valid in steps:
+            assert all(j.size > 1000 for j in jpg), "padding slots hold a real sample"
+            assert len(index) == workers
             seen.update(int(i) for i, v in zip(index, valid) if v)
     assert sorted(seen) == [0, 1, 2] and max(seen.values()) == 1
 
 
-def test_labels_keys_and_images_match(photo_shards):
+@pytest.fixture(params=["packed", "table"])
+def workers(request):
+    """Workers per rank: one worker uses the packed layout, more use the table layout."""
+    return {"packed": 1, "table": 2}[request.param]
+
+
+def test_labels_keys_and_images_match(photo_shards, workers):
     photos = sample_images()
     originals = [open(p.path, "rb").read() for p in photos]
 
     @sharded_pipeline(photo_shards["paths"], fields=("jpg", "cls", "__key__", "__index__", "__valid__"),
-                      batch_size=4, py_num_workers=2, world_size=2, shuffle=True, seed=3, num_threads=2, device_id=None)
+                      batch_size=4, py_num_workers=workers, world_size=2, shuffle=True, seed=3, num_threads=2,
+                      device_id=None)
     def pipe(jpg, cls, key, index, valid):
         return jpg, decode_image(jpg), cls, key, index, valid
 
     checked = 0
     for rank in range(2):
-        (steps,) = run_epochs(pipe(rank=rank), 1)
+        p = pipe(rank=rank)
+        assert pipeline_info(p).layout.table == (workers > 1)
+        (steps,) = run_epochs(p, 1)
         for jpg, image, cls, key, index, valid in steps:
             for j, img, c, k, i, v in zip(jpg, image, cls, key, index, valid):
                 photo = int(i) % len(photos)
@@ -127,10 +143,10 @@ def test_start_epoch_continues_the_schedule(photo_shards):
     assert [int(i) for s in run[2] for i in s[0]] == [int(i) for s in later[0] for i in s[0]]
 
 
-def test_third_party_shard_matches_webdataset():
+def test_third_party_shard_matches_webdataset(workers):
     want = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(MNIST, shardshuffle=False)}
 
-    @sharded_pipeline(MNIST, fields=("png", "cls", "__key__", "__valid__"), batch_size=8, py_num_workers=2,
+    @sharded_pipeline(MNIST, fields=("png", "cls", "__key__", "__valid__"), batch_size=8, py_num_workers=workers,
                       num_threads=1, device_id=None)
     def pipe(png, cls, key, valid):
         return decode_image(png, output_type=types.GRAY), cls, key, valid

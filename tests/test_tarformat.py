@@ -84,7 +84,7 @@ def test_window_of_samples_and_selected_members(tmp_path):
     for i in range(10):
         members += [(f"{i:03d}.jpg", b"j%d" % i), (f"{i:03d}.cls", b"%d" % i)]
     path = make_tar(tmp_path / "s.tar", members)
-    got = ours(path, want=lambda ext: ext == "cls", start=3, stop=6)
+    got = ours(path, want={"cls"}, start=3, stop=6)
     assert got == [("003", {"cls": b"3"}), ("004", {"cls": b"4"}), ("005", {"cls": b"5"})]
     with open_shard(path) as f:
         positions = [s.position for s in TarReader(f, path).samples(start=8)]
@@ -116,6 +116,20 @@ def test_corrupt_header_is_named(tmp_path):
     bad.write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match="checksum"):
         ours(str(bad))
+
+
+def test_signed_checksums_of_old_tars_are_accepted(tmp_path):
+    path = make_tar(tmp_path / "s.tar", [("caf\u00e9.txt", b"x"), ("caf\u00e9.cls", b"2")])
+    data = bytearray(open(path, "rb").read())
+    for offset in (0, 1024):  # rewrite both headers' checksums as signed byte sums
+        hdr = data[offset : offset + 512]
+        hdr[148:156] = b" " * 8
+        signed = sum(b - 256 if b > 127 else b for b in hdr)
+        assert signed != sum(hdr)
+        data[offset + 148 : offset + 156] = b"%06o\0 " % signed
+    old = tmp_path / "old.tar"
+    old.write_bytes(bytes(data))
+    assert ours(str(old)) == [("caf\u00e9", {"txt": b"x", "cls": b"2"})]
 
 
 def test_not_a_tar_file(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ShardAccessError, ShardFormatError
-from dali_shards.layout import SampleLayout
+from dali_shards.layout import SampleLayout, table_slot
 from dali_shards.manifest import scan_shards
 from dali_shards.planner import PlanSpec
 from dali_shards.sample_data import write_sample_shards
@@ -22,30 +22,40 @@ def shards(tmp_path_factory):
     return paths, tuple(s.samples for s in scan_shards(paths))
 
 
-def decode(batch, worker, m):
-    """(index, valid) of the worker's slice; asserts every other slot is an empty dummy."""
+def decode(batch, worker, m, num_workers, layout=LAYOUT):
+    """(index, valid) of the worker's slice; asserts every other slot is an empty dummy, but for
+    the table slot in the table layout."""
+    if layout.table:
+        table_at = table_slot(worker, num_workers, m)
+        rows = batch[table_at][: m * layout.header_bytes].view(np.int64).reshape(m, -1)
+        for slot, array in enumerate(batch):
+            if slot != table_at and not worker * m <= slot < (worker + 1) * m:
+                assert array.size == 0
+        return [(int(r[0]), bool(r[1])) for r in rows]
     out = []
     for slot, blob in enumerate(batch):
         if worker * m <= slot < (worker + 1) * m:
-            header = LAYOUT.unpack_header(blob)
+            header = blob[: layout.header_bytes].view(np.int64)
             out.append((int(header[0]), bool(header[1])))
         else:
             assert blob.size == 0
     return out
 
 
+@pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_batches_follow_the_plan(shards, shuffle):
+def test_batches_follow_the_plan(shards, shuffle, table):
     paths, sizes = shards
     spec = PlanSpec(sizes, world_size=2, num_workers=3, batch_size=6, seed=5, shuffle=shuffle, shuffle_buffer=4)
+    layout = SampleLayout(("jpg", "cls", "__index__"), table=table, payload="jpg")
     for rank in range(2):
         for worker in range(3):
-            src = WorkerSource(spec, paths, LAYOUT, rank, worker)
+            src = WorkerSource(spec, paths, layout, rank, worker)
             for epoch in range(2):
                 batches = list(iter(src))
                 assert len(batches) == spec.steps_per_epoch
                 assert all(len(b) == spec.batch_size for b in batches)
-                got = [x for b in batches for x in decode(b, worker, spec.mini_batch)]
+                got = [x for b in batches for x in decode(b, worker, spec.mini_batch, 3, layout)]
                 pos, valid = spec.epoch(epoch).worker_order(rank * 3 + worker)
                 expected = spec.epoch(epoch).canonical_index(pos)
                 assert got == list(zip(expected.tolist(), valid.tolist()))
@@ -56,12 +66,16 @@ def test_labels_follow_the_photos(shards):
 
     paths, sizes = shards
     labels = [img.label for img in sample_images()]
-    spec = PlanSpec(sizes, batch_size=5, shuffle=True, seed=1)
-    layout = SampleLayout(("cls", "__index__"))
-    for batch in iter(WorkerSource(spec, paths, layout, 0, 0)):
-        for blob in batch:
-            cls, index = layout.unpack_header(blob)[2], layout.unpack_header(blob)[0]
-            assert cls == labels[index % len(labels)]
+    spec = PlanSpec(sizes, num_workers=2, batch_size=10, shuffle=True, seed=1)
+    layout = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
+    photos = [open(img.path, "rb").read() for img in sample_images()]
+    for worker in range(2):
+        for batch in iter(WorkerSource(spec, paths, layout, 0, worker)):
+            rows = batch[table_slot(worker, 2, 5)][: 5 * layout.header_bytes].view(np.int64).reshape(5, -1)
+            for payload, row in zip(batch[worker * 5 : worker * 5 + 5], rows):
+                index, cls = int(row[0]), int(row[2])
+                assert cls == labels[index % len(labels)]
+                assert payload.tobytes() == photos[index % len(labels)]
 
 
 def test_shuffle_buffer_bounds_memory(shards):
@@ -116,5 +130,5 @@ def test_more_workers_than_samples(shards):
     for rank in range(2):
         for worker in range(2):
             for b in iter(WorkerSource(spec, paths, LAYOUT, rank, worker)):
-                seen += decode(b, worker, 1)
+                seen += decode(b, worker, 1, 2)
     assert sorted(seen, key=lambda x: not x[1]) == [(0, True), (0, False), (0, False), (0, False)]

@@ -197,6 +197,15 @@ def test_function_parameters_and_overrides(photo_shards):
     assert [int(i) for i in steps[0][0]] == list(range(1000, 1047))
 
 
+def test_sixteen_workers_deliver_the_plan(photo_shards):
+    p = index_pipeline(photo_shards["pattern"], batch_size=16, py_num_workers=16, shuffle=True, seed=8)()
+    info = pipeline_info(p)
+    (steps,) = run_epochs(p, 1)
+    want_index, want_valid = info.plan(0).rank_batches(0)
+    assert [[int(i) for i in index] for index, _ in steps] == want_index.tolist()
+    assert [[bool(v) for v in valid] for _, valid in steps] == want_valid.tolist()
+
+
 @pytest.mark.parametrize("workers", [2, 5, 8])
 def test_merge_is_a_balanced_tree(photo_shards, workers):
     p = index_pipeline(photo_shards["pattern"], batch_size=workers, py_num_workers=workers)()

@@ -16,13 +16,25 @@ from dali_shards.sample_data import sample_images
 from dali_shards.writer import ShardWriter
 
 
-def build_bench_shards(out_dir: str, num_samples: int = 2048, samples_per_shard: int = 256,
-                       size: int = 500, quality: int = 95, seed: int = 0) -> List[str]:
+def build_bench_shards(
+    out_dir: str,
+    num_samples: int = 2048,
+    samples_per_shard: int = 256,
+    size: int = 500,
+    quality: int = 95,
+    seed: int = 0,
+) -> List[str]:
     """Write (or reuse) ``num_samples`` JPEG+cls samples in shards under ``out_dir``."""
     from PIL import Image
 
-    stamp = {"num_samples": num_samples, "samples_per_shard": samples_per_shard, "size": size,
-             "quality": quality, "seed": seed, "version": 1}
+    stamp = {
+        "num_samples": num_samples,
+        "samples_per_shard": samples_per_shard,
+        "size": size,
+        "quality": quality,
+        "seed": seed,
+        "version": 1,
+    }
     stamp_path = os.path.join(out_dir, "bench-data.json")
     if os.path.exists(stamp_path):
         with open(stamp_path) as f:

@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+from nvidia.dali import fn, pipeline_def  # noqa: E402
 
 from bench_data import build_bench_shards  # noqa: E402
 from dali_shards import decode_image, sharded_pipeline  # noqa: E402
@@ -45,8 +45,15 @@ def make_loaders(args, shards, mode):
     common = dict(batch_size=args.batch_size, num_threads=args.threads, device_id=args.device_id)
 
     def ours():
-        @sharded_pipeline(shards, fields=("jpg", "cls"), py_num_workers=args.workers, shuffle=True, seed=0,
-                          shuffle_buffer=1024, **common)
+        @sharded_pipeline(
+            shards,
+            fields=("jpg", "cls"),
+            py_num_workers=args.workers,
+            shuffle=True,
+            seed=0,
+            shuffle_buffer=1024,
+            **common,
+        )
         def pipe(jpg, cls):
             return post(jpg, cls)
 
@@ -55,15 +62,17 @@ def make_loaders(args, shards, mode):
     def native():
         @pipeline_def(**common)
         def pipe():
-            jpg, cls = fn.readers.webdataset(paths=shards, ext=["jpg", "cls"], random_shuffle=True,
-                                             initial_fill=1024, seed=0, name="reader")
+            jpg, cls = fn.readers.webdataset(
+                paths=shards, ext=["jpg", "cls"], random_shuffle=True, initial_fill=1024, seed=0, name="reader"
+            )
             return post(jpg, cls)
 
         return pipe()
 
     def plain():
-        return plain_pipeline(shards, args.batch_size, args.workers, post, num_threads=args.threads,
-                              device_id=args.device_id)
+        return plain_pipeline(
+            shards, args.batch_size, args.workers, post, num_threads=args.threads, device_id=args.device_id
+        )
 
     return {"dali_shards": ours, "native_webdataset": native, "plain_4892": plain}
 
@@ -104,10 +113,26 @@ def measure(args, mode):
     runs = {name: [] for name in LOADERS}
     for _ in range(args.rounds):
         for name in LOADERS:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--modes", mode,
-                   "--samples", str(args.samples), "--batch-size", str(args.batch_size),
-                   "--workers", str(args.workers), "--threads", str(args.threads), "--epochs", str(args.epochs),
-                   "--data-dir", args.data_dir]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                name,
+                "--modes",
+                mode,
+                "--samples",
+                str(args.samples),
+                "--batch-size",
+                str(args.batch_size),
+                "--workers",
+                str(args.workers),
+                "--threads",
+                str(args.threads),
+                "--epochs",
+                str(args.epochs),
+                "--data-dir",
+                args.data_dir,
+            ]
             if args.device_id is not None:
                 cmd += ["--device-id", str(args.device_id)]
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -166,9 +191,11 @@ def main(argv=None):
         "ratios": ratios,
     }
     print()
-    print(f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch {args.batch_size}, "
-          f"{args.workers} workers, {args.threads} threads, {os.cpu_count()} CPUs; median of {args.rounds} rounds, "
-          "each loader in its own process")
+    print(
+        f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch {args.batch_size}, "
+        f"{args.workers} workers, {args.threads} threads, {os.cpu_count()} CPUs; median of {args.rounds} rounds, "
+        "each loader in its own process"
+    )
     print(f"{'mode':8} {'loader':20} {'samples/s':>10} {'first batch s':>14}")
     for mode, per_loader in results.items():
         for name, r in per_loader.items():

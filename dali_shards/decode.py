@@ -16,7 +16,9 @@ def pipeline_has_gpu(pipe: Optional[Pipeline] = None) -> bool:
     return device_id is not None and device_id >= 0
 
 
-def decode_image(data: DataNode, *, output_type: Any = types.RGB, device: Optional[str] = None, **kwargs: Any) -> DataNode:
+def decode_image(
+    data: DataNode, *, output_type: Any = types.RGB, device: Optional[str] = None, **kwargs: Any
+) -> DataNode:
     """Decode encoded images: ``"mixed"`` (nvJPEG/nvImageCodec on the GPU) when the current
     pipeline has a device, ``"cpu"`` otherwise. Extra keywords go to ``fn.decoders.image``."""
     if device is None:

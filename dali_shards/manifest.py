@@ -70,7 +70,11 @@ def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
     missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
     if missing:
-        more = f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})" if len(missing) > 1 else ""
+        more = (
+            f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})"
+            if len(missing) > 1
+            else ""
+        )
         raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
     if len(urls) <= 1:
         return [scan_shard(u) for u in urls]
@@ -88,9 +92,7 @@ def read_manifest(path: str) -> List[ShardInfo]:
     except ValueError as exc:
         raise ConfigError(f"manifest {path!r} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise ConfigError(
-            f"{path!r} is not a dali-shards manifest (expected \"format\": \"{MANIFEST_FORMAT}\")"
-        )
+        raise ConfigError(f'{path!r} is not a dali-shards manifest (expected "format": "{MANIFEST_FORMAT}")')
     if doc.get("version", 0) > MANIFEST_VERSION:
         raise ConfigError(f"manifest {path!r} has version {doc['version']}; upgrade dali_shards to read it")
     base = os.path.dirname(os.path.abspath(path))
@@ -99,7 +101,7 @@ def read_manifest(path: str) -> List[ShardInfo]:
         try:
             url, samples = str(entry["url"]), int(entry["samples"])
         except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"manifest {path!r}: entry {i} needs \"url\" and integer \"samples\"") from None
+            raise ConfigError(f'manifest {path!r}: entry {i} needs "url" and integer "samples"') from None
         if samples < 0:
             raise ConfigError(f"manifest {path!r}: entry {i} has a negative sample count")
         if "://" not in url and not os.path.isabs(url):
@@ -130,4 +132,3 @@ def write_manifest(path: str, shards: Sequence[ShardInfo]) -> None:
         json.dump(doc, f, indent=1)
         f.write("\n")
     os.replace(tmp, path)
-

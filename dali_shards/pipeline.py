@@ -95,7 +95,9 @@ def choose_layout(fields: Sequence[str], shards: Sequence[ShardInfo], num_worker
     if num_workers < 2:
         return SampleLayout(fields)
     plain = SampleLayout(fields)
-    sizes = [(_mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)]
+    sizes = [
+        (_mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)
+    ]
     payload = max(sizes)[2] if sizes else None
     return SampleLayout(fields, table=True, payload=payload)
 

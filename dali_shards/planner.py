@@ -319,7 +319,5 @@ def plan_epoch(
     shuffle_buffer: int = 1024,
 ) -> EpochPlan:
     """The plan of one epoch (see the module docstring)."""
-    spec = PlanSpec(
-        tuple(shard_sizes), world_size, num_workers, batch_size, seed, shuffle, last_batch, shuffle_buffer
-    )
+    spec = PlanSpec(tuple(shard_sizes), world_size, num_workers, batch_size, seed, shuffle, last_batch, shuffle_buffer)
     return spec.epoch(epoch)

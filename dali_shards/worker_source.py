@@ -19,6 +19,7 @@ from .planner import EpochPlan, PlanSpec, Segment
 from .storage import open_shard
 from .tarformat import TarReader
 
+
 class WorkerSource:
     """The padded batches of local worker ``worker`` of ``rank`` (virtual worker
     ``rank * num_workers + worker``), one epoch per ``iter()``, starting at ``start_epoch``.
@@ -92,13 +93,19 @@ class EpochBatches:
         batch = [EMPTY] * spec.batch_size
         base = src.worker * m
         samples = []
-        for i in range(m):
-            pos, valid = next(self._order)
-            packed = self._take(pos)
-            if not valid:
-                packed = packed.as_padding()
-            batch[base + i] = layout.slot_array(packed)
-            samples.append(packed)
+        try:
+            for i in range(m):
+                pos, valid = next(self._order)
+                packed = self._take(pos)
+                if not valid:
+                    packed = packed.as_padding()
+                batch[base + i] = layout.slot_array(packed)
+                samples.append(packed)
+        except StopIteration:  # never let a short read end this worker's epoch alone
+            raise RuntimeError(
+                f"dali_shards internal error: worker {src.virtual_worker} ran out of planned samples at step "
+                f"{self._step} of epoch {self.epoch}; please report it"
+            ) from None
         if layout.table:
             batch[table_slot(src.worker, spec.num_workers, m)] = layout.table_array(samples)
         self._step += 1
@@ -109,11 +116,11 @@ class EpochBatches:
             return self._last[1]
         pending = self._pending
         while pos not in pending:
-            got, blob = next(self._samples)
-            pending[got] = blob
-        blob = pending.pop(pos)
-        self._last = (pos, blob)
-        return blob
+            got, packed = next(self._samples)
+            pending[got] = packed
+        packed = pending.pop(pos)
+        self._last = (pos, packed)
+        return packed
 
     def _close(self) -> None:
         if self._samples is not None:
@@ -142,8 +149,7 @@ def _read_segments(
         if read != seg.stop:
             raise ShardFormatError(
                 url,
-                f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned "
-                f"(sample {read} is missing)",
+                f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned (sample {read} is missing)",
                 hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
                 "or restart so it is scanned again",
             )

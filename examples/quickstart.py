@@ -26,9 +26,16 @@ from dali_shards.sample_data import DEFAULT_SHARD_SIZES, write_sample_shards
 
 
 def make_pipeline(source, args):
-    @sharded_pipeline(source, fields=("jpg", "cls", "__index__", "__valid__"), batch_size=args.batch_size,
-                      py_num_workers=args.workers, shuffle=True, seed=args.seed, world_size=args.world_size,
-                      num_threads=args.threads)
+    @sharded_pipeline(
+        source,
+        fields=("jpg", "cls", "__index__", "__valid__"),
+        batch_size=args.batch_size,
+        py_num_workers=args.workers,
+        shuffle=True,
+        seed=args.seed,
+        world_size=args.world_size,
+        num_threads=args.threads,
+    )
     def train(jpg, cls, index, valid):
         images = decode_image(jpg, output_type=types.RGB)
         images = fn.random_resized_crop(images, size=(args.size, args.size))
@@ -55,15 +62,19 @@ def main(argv=None) -> int:
             source = args.data
         else:
             source = write_sample_shards(tmp, shard_sizes=DEFAULT_SHARD_SIZES)
-            print(f"wrote {sum(DEFAULT_SHARD_SIZES)} real photos into {len(source)} shards "
-                  f"of sizes {DEFAULT_SHARD_SIZES} under {tmp}")
+            print(
+                f"wrote {sum(DEFAULT_SHARD_SIZES)} real photos into {len(source)} shards "
+                f"of sizes {DEFAULT_SHARD_SIZES} under {tmp}"
+            )
         train = make_pipeline(source, args)
         pipes = [train(rank=r) for r in range(args.world_size)]
         info = pipeline_info(pipes[0])
         spec = info.spec
-        print(f"{spec.num_samples} samples, {args.world_size} ranks x {args.workers} workers = "
-              f"{spec.num_virtual_workers} virtual workers, batch {args.batch_size} per rank, "
-              f"{spec.steps_per_epoch} steps per epoch, {spec.padding_per_epoch} padding slots per epoch")
+        print(
+            f"{spec.num_samples} samples, {args.world_size} ranks x {args.workers} workers = "
+            f"{spec.num_virtual_workers} virtual workers, batch {args.batch_size} per rank, "
+            f"{spec.steps_per_epoch} steps per epoch, {spec.padding_per_epoch} padding slots per epoch"
+        )
         for pipe in pipes:
             pipe.build()
 
@@ -95,8 +106,10 @@ def main(argv=None) -> int:
             equal = len(set(steps)) == 1
             good = duplicates == 0 and missing == 0 and equal
             ok &= good
-            print(f"epoch {epoch}: {len(seen)}/{spec.num_samples} samples seen, {duplicates} duplicates, "
-                  f"{missing} missing, steps per rank {steps} -> {'exactly once' if good else 'FAILED'}")
+            print(
+                f"epoch {epoch}: {len(seen)}/{spec.num_samples} samples seen, {duplicates} duplicates, "
+                f"{missing} missing, steps per rank {steps} -> {'exactly once' if good else 'FAILED'}"
+            )
     print("exactly-once check: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -14,7 +14,11 @@ def photo_shards(tmp_path_factory):
     """The 47 built-in photos in 5 shards of uneven sizes, one of them empty."""
     out = tmp_path_factory.mktemp("photos")
     paths = write_sample_shards(str(out), shard_sizes=DEFAULT_SHARD_SIZES)
-    return {"paths": paths, "pattern": os.path.join(str(out), "sample-{000000..000004}.tar"), "total": sum(DEFAULT_SHARD_SIZES)}
+    return {
+        "paths": paths,
+        "pattern": os.path.join(str(out), "sample-{000000..000004}.tar"),
+        "total": sum(DEFAULT_SHARD_SIZES),
+    }
 
 
 def as_numpy(tensor_list):

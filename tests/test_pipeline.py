@@ -2,17 +2,16 @@
 
 import hashlib
 import math
-import os
 import re
 from collections import Counter
 
 import numpy as np
 import pytest
 import webdataset as wds
-from nvidia.dali import fn, types
+from nvidia.dali import types
 from PIL import Image
 
-from conftest import MNIST, as_numpy, run_epochs
+from conftest import MNIST, run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
 from dali_shards.distributed import gpu_available
 from dali_shards.sample_data import sample_images
@@ -38,8 +37,14 @@ def index_pipeline(source, **kw):
 )
 def test_pipelines_deliver_the_plan_exactly_once(photo_shards, world, workers, batch, shuffle, last_batch):
     make = index_pipeline(
-        photo_shards["pattern"], batch_size=batch, py_num_workers=workers, shuffle=shuffle, seed=17,
-        world_size=world, last_batch=last_batch, shuffle_buffer=5,
+        photo_shards["pattern"],
+        batch_size=batch,
+        py_num_workers=workers,
+        shuffle=shuffle,
+        seed=17,
+        world_size=world,
+        last_batch=last_batch,
+        shuffle_buffer=5,
     )
     per_epoch = [Counter(), Counter()]
     steps = []
@@ -71,8 +76,16 @@ def test_more_virtual_workers_than_samples(tmp_path, workers):
     write_sample_shards(str(tmp_path), shard_sizes=(2, 0, 1))
     world = 4 if workers == 1 else 2  # 4 or 6 virtual workers for 3 samples
 
-    @sharded_pipeline(str(tmp_path / "sample-*.tar"), fields=("jpg", "__index__", "__valid__"), batch_size=workers,
-                      py_num_workers=workers, world_size=world, shuffle=True, num_threads=1, device_id=None)
+    @sharded_pipeline(
+        str(tmp_path / "sample-*.tar"),
+        fields=("jpg", "__index__", "__valid__"),
+        batch_size=workers,
+        py_num_workers=workers,
+        world_size=world,
+        shuffle=True,
+        num_threads=1,
+        device_id=None,
+    )
     def make(jpg, index, valid):
         return jpg, index, valid
 
@@ -97,9 +110,17 @@ def test_labels_keys_and_images_match(photo_shards, workers):
     photos = sample_images()
     originals = [open(p.path, "rb").read() for p in photos]
 
-    @sharded_pipeline(photo_shards["paths"], fields=("jpg", "cls", "__key__", "__index__", "__valid__"),
-                      batch_size=4, py_num_workers=workers, world_size=2, shuffle=True, seed=3, num_threads=2,
-                      device_id=None)
+    @sharded_pipeline(
+        photo_shards["paths"],
+        fields=("jpg", "cls", "__key__", "__index__", "__valid__"),
+        batch_size=4,
+        py_num_workers=workers,
+        world_size=2,
+        shuffle=True,
+        seed=3,
+        num_threads=2,
+        device_id=None,
+    )
     def pipe(jpg, cls, key, index, valid):
         return jpg, decode_image(jpg), cls, key, index, valid
 
@@ -146,8 +167,14 @@ def test_start_epoch_continues_the_schedule(photo_shards):
 def test_third_party_shard_matches_webdataset(workers):
     want = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(MNIST, shardshuffle=False)}
 
-    @sharded_pipeline(MNIST, fields=("png", "cls", "__key__", "__valid__"), batch_size=8, py_num_workers=workers,
-                      num_threads=1, device_id=None)
+    @sharded_pipeline(
+        MNIST,
+        fields=("png", "cls", "__key__", "__valid__"),
+        batch_size=8,
+        py_num_workers=workers,
+        num_threads=1,
+        device_id=None,
+    )
     def pipe(png, cls, key, valid):
         return decode_image(png, output_type=types.GRAY), cls, key, valid
 
@@ -162,8 +189,9 @@ def test_third_party_shard_matches_webdataset(workers):
 
 
 def test_missing_field_error_names_shard_and_sample(photo_shards):
-    @sharded_pipeline(photo_shards["pattern"], fields=("jpg", "txt"), batch_size=2, py_num_workers=2,
-                      num_threads=1, device_id=None)
+    @sharded_pipeline(
+        photo_shards["pattern"], fields=("jpg", "txt"), batch_size=2, py_num_workers=2, num_threads=1, device_id=None
+    )
     def pipe(jpg, txt):
         return jpg, txt
 
@@ -188,8 +216,9 @@ def test_configuration_errors(photo_shards):
 
 
 def test_function_parameters_and_overrides(photo_shards):
-    @sharded_pipeline(photo_shards["pattern"], fields=("__index__",), batch_size=2, py_num_workers=1,
-                      num_threads=1, device_id=None)
+    @sharded_pipeline(
+        photo_shards["pattern"], fields=("__index__",), batch_size=2, py_num_workers=1, num_threads=1, device_id=None
+    )
     def pipe(index, offset=0):
         return index + offset
 
@@ -218,16 +247,18 @@ def test_merge_is_a_balanced_tree(photo_shards, workers):
 
 
 def test_spawned_workers(photo_shards):
-    make = index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2, shuffle=True, seed=2,
-                          py_start_method="spawn")
+    make = index_pipeline(
+        photo_shards["pattern"], batch_size=4, py_num_workers=2, shuffle=True, seed=2, py_start_method="spawn"
+    )
     spawned = run_epochs(make(), 2)
     forked = run_epochs(make(py_start_method="fork"), 2)
     assert [[int(i) for s in e for i in s[0]] for e in spawned] == [[int(i) for s in e for i in s[0]] for e in forked]
 
 
 def test_decode_helper_uses_cpu_without_gpu(photo_shards):
-    @sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, num_threads=1,
-                      device_id=None)
+    @sharded_pipeline(
+        photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, num_threads=1, device_id=None
+    )
     def pipe(jpg):
         return decode_image(jpg)
 
@@ -240,8 +271,15 @@ def test_decode_helper_uses_cpu_without_gpu(photo_shards):
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
 def test_mixed_decode_on_gpu(photo_shards):
-    @sharded_pipeline(photo_shards["pattern"], fields=("jpg", "__index__", "__valid__"), batch_size=8,
-                      py_num_workers=2, shuffle=True, num_threads=2, device_id=0)
+    @sharded_pipeline(
+        photo_shards["pattern"],
+        fields=("jpg", "__index__", "__valid__"),
+        batch_size=8,
+        py_num_workers=2,
+        shuffle=True,
+        num_threads=2,
+        device_id=0,
+    )
     def pipe(jpg, index, valid):
         return decode_image(jpg), index, valid
 
@@ -249,7 +287,7 @@ def test_mixed_decode_on_gpu(photo_shards):
     assert pipeline_info(p).spec.num_samples == 47
     (steps,) = run_epochs(p, 1)
     photos = sample_images()
-    for images, index, valid in steps:
+    for images, index, _ in steps:
         for img, i in zip(images, index):
             w, h = Image.open(photos[int(i) % 47].path).size
             assert img.shape == (h, w, 3)

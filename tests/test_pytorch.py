@@ -12,8 +12,17 @@ from dali_shards.pytorch import DALIShardedIterator
 
 
 def make_pipe(pattern, **kw):
-    @sharded_pipeline(pattern, fields=("jpg", "cls", "__index__", "__valid__"), batch_size=6, py_num_workers=2,
-                      shuffle=True, seed=4, num_threads=2, device_id=None, **kw)
+    @sharded_pipeline(
+        pattern,
+        fields=("jpg", "cls", "__index__", "__valid__"),
+        batch_size=6,
+        py_num_workers=2,
+        shuffle=True,
+        seed=4,
+        num_threads=2,
+        device_id=None,
+        **kw,
+    )
     def pipe(jpg, cls, index, valid):
         image = fn.resize(decode_image(jpg), size=(32, 32))
         return image, cls, index, valid

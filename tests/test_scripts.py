@@ -13,7 +13,9 @@ def run(args, timeout):
 
 
 def test_quickstart_checks_exactly_once():
-    out = run(["examples/quickstart.py", "--epochs", "2", "--world-size", "3", "--workers", "2", "--batch-size", "4"], 300)
+    out = run(
+        ["examples/quickstart.py", "--epochs", "2", "--world-size", "3", "--workers", "2", "--batch-size", "4"], 300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("-> exactly once") == 2
     assert "exactly-once check: passed" in out.stdout
@@ -21,8 +23,26 @@ def test_quickstart_checks_exactly_once():
 
 def test_throughput_benchmark_runs(tmp_path):
     result = tmp_path / "throughput.json"
-    out = run(["benchmarks/throughput.py", "--samples", "1024", "--batch-size", "64", "--rounds", "1", "--epochs", "1",
-               "--modes", "bytes", "--data-dir", str(tmp_path / "data"), "--out", str(result)], 600)
+    out = run(
+        [
+            "benchmarks/throughput.py",
+            "--samples",
+            "1024",
+            "--batch-size",
+            "64",
+            "--rounds",
+            "1",
+            "--epochs",
+            "1",
+            "--modes",
+            "bytes",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(result),
+        ],
+        600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(result.read_text())
     loaders = report["results"]["bytes"]

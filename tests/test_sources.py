@@ -1,14 +1,13 @@
 """Shard lists (patterns, globs, lists, manifests), the shard writer, and rank detection."""
 
 import hashlib
-import os
 import sys
 
 import pytest
 
 from dali_shards.distributed import resolve_world
 from dali_shards.errors import ConfigError, ShardAccessError
-from dali_shards.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
+from dali_shards.manifest import read_manifest, scan_shards, write_manifest
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.shardlist import expand_pattern, resolve_source
 from dali_shards.writer import ShardWriter, write_shard

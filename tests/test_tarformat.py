@@ -61,7 +61,9 @@ AWKWARD = [
 
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
-@pytest.mark.parametrize("mode, suffix", [("w", ".tar"), ("w:gz", ".tar.gz"), ("w:bz2", ".tar.bz2"), ("w:xz", ".tar.xz")])
+@pytest.mark.parametrize(
+    "mode, suffix", [("w", ".tar"), ("w:gz", ".tar.gz"), ("w:bz2", ".tar.bz2"), ("w:xz", ".tar.xz")]
+)
 def test_samples_match_webdataset(tmp_path, fmt, mode, suffix):
     path = make_tar(tmp_path / f"shard{suffix}", AWKWARD, fmt=fmt, mode=mode)
     got = ours(path)
@@ -148,7 +150,12 @@ def test_duplicate_member_in_a_sample(tmp_path):
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("a/b.c.d", ("a/b", "c.d")), ("x.JPG", ("x", "jpg")), ("noext", (None, None)), ("d.ir/file.txt", ("d.ir/file", "txt"))],
+    [
+        ("a/b.c.d", ("a/b", "c.d")),
+        ("x.JPG", ("x", "jpg")),
+        ("noext", (None, None)),
+        ("d.ir/file.txt", ("d.ir/file", "txt")),
+    ],
 )
 def test_split_key(name, expected):
     assert split_key(name) == expected

@@ -1,14 +1,41 @@
-"""dali_shards: stream sharded tar datasets into NVIDIA DALI, split over ranks and workers."""
+"""dali_shards: stream sharded tar datasets into NVIDIA DALI, split over ranks and workers.
 
-from .decode import decode_image, pipeline_has_gpu
+Planning, tar reading, manifests and shard writing need no DALI; the names that build pipelines
+(``sharded_pipeline``, ``decode_image``, ...) import DALI when first used.
+"""
+
+from importlib import import_module
+from typing import Any
+
 from .errors import ConfigError, DaliShardsError, EmptyDatasetError, ShardAccessError, ShardError, ShardFormatError
 from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
-from .pipeline import ShardedPipelineInfo, pipeline_info, sharded_pipeline
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
 from .shardlist import resolve_source
 from .writer import ShardWriter, write_shard
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "sharded_pipeline": "pipeline",
+    "pipeline_info": "pipeline",
+    "ShardedPipelineInfo": "pipeline",
+    "decode_image": "decode",
+    "pipeline_has_gpu": "decode",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dali_shards' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "sharded_pipeline",

@@ -1,8 +1,9 @@
 """Turning a user's ``source`` into the ordered list of shards with their sample counts.
 
 ``source`` may be a brace pattern (``data/train-{000000..000127}.tar``), a glob
-(``data/train-*.tar``), a manifest (``data/manifest.json``), or a list of any of these, paths and
-URLs. The order given is the *canonical* order that ``__index__`` counts in (globs sort by name).
+(``data/train-*.tar``), a manifest (``data/manifest.json``), a directory (its tar shards), or a
+list of any of these, paths and URLs. The order given is the *canonical* order that ``__index__``
+counts in (globs and directories sort by name).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .storage import local_path
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 def is_manifest(path: str) -> bool:
@@ -30,7 +32,12 @@ def expand_pattern(pattern: str) -> List[str]:
     urls: List[str] = []
     for item in braceexpand(pattern):
         path = local_path(item)
-        if path is not None and _GLOB_CHARS & set(path):
+        if path is not None and os.path.isdir(path):
+            found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
+            if not found:
+                raise ConfigError(f"directory {item!r} holds no tar shards ({', '.join(SHARD_SUFFIXES)})")
+            urls.extend(found)
+        elif path is not None and _GLOB_CHARS & set(path):
             matches = sorted(glob.glob(path))
             if not matches:
                 raise ConfigError(f"pattern {item!r} matches no files")

@@ -30,6 +30,31 @@ def test_brace_glob_list_and_manifest_agree(tmp_path, shards):
     assert '"url": "sample-000000.tar"' in open(manifest).read(), "paths are stored relative"
 
 
+def test_directory_source(tmp_path, shards):
+    (tmp_path / "notes.txt").write_text("not a shard")
+    assert resolve_source(str(tmp_path)) == resolve_source(shards)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="no tar shards"):
+        resolve_source(str(empty))
+
+
+def test_planning_and_reading_need_no_dali():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dali_shards\n"
+        "from dali_shards import plan_epoch, resolve_source, ShardWriter\n"
+        "import dali_shards.worker_source, dali_shards.tarformat\n"
+        "plan_epoch([3, 4], epoch=0, world_size=2, num_workers=1, batch_size=1)\n"
+        "assert not any(m.startswith('nvidia.dali') for m in sys.modules), 'DALI imported'\n"
+        "assert callable(dali_shards.sharded_pipeline) and 'nvidia.dali' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 def test_file_urls(shards):
     info = resolve_source(["file://" + shards[0]])
     assert info[0].samples == 3

@@ -1,10 +1,11 @@
 """The plain workaround from DALI issue #4892, as users write it, for comparison.
 
-One parallel external source per worker, each owning ``shards[worker::N]``, reading samples with
-``tarfile`` one member at a time, returning a full-size batch (separate jpg and label outputs)
-padded with empty arrays outside its slice; a per-sample callable gives each slot's index, and a
-linear ``if/elif`` chain picks the owner of each slot. It assumes equally sized worker shares
-(no padding, no ranks): the benchmark data is built so that it holds.
+One parallel external source per worker, each owning ``shards[v::V]`` (its rank's and worker's
+share), reading samples with ``tarfile`` one member at a time and returning a full-size batch (one
+output per field) padded with empty arrays outside its slice; a per-sample callable gives each slot's
+index, and a linear ``if/elif`` chain picks the owner of each slot. An epoch ends when any worker
+runs out of samples, so with uneven shards some samples are never read and ranks run different
+numbers of steps (the benchmark's audit shows it).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from nvidia.dali import fn, pipeline_def
 
 
 class TarfileSource:
-    """Worker ``worker`` of ``num_workers``: its mini-batch in its slice of every batch."""
+    """Virtual worker ``v`` of ``num_virtual``: its mini-batch in its slice of every batch."""
 
-    def __init__(self, shards, worker, num_workers, batch_size):
-        self.shards = list(shards)[worker::num_workers]
+    def __init__(self, shards, fields, worker, num_workers, rank, world_size, batch_size):
+        v = rank * num_workers + worker
+        self.shards = list(shards)[v :: num_workers * world_size]
+        self.fields = fields
         self.worker = worker
         self.mini = batch_size // num_workers
         self.batch_size = batch_size
@@ -44,15 +47,23 @@ class TarfileSource:
         self.it = self._samples()
         return self
 
+    def _array(self, field, data):
+        if field == "cls":
+            return np.array([int(data)], dtype=np.int64)
+        if field == "id":
+            return np.frombuffer(data, dtype=np.int64)
+        return np.frombuffer(data, dtype=np.uint8)
+
     def __next__(self):
-        jpegs = [np.array([], dtype=np.uint8)] * self.batch_size
-        labels = [np.array([], dtype=np.int64)] * self.batch_size
+        outs = [
+            [np.array([], dtype=np.int64 if f in ("cls", "id") else np.uint8)] * self.batch_size for f in self.fields
+        ]
         start = self.worker * self.mini
         for i in range(self.mini):
             sample = next(self.it)  # StopIteration ends the epoch
-            jpegs[start + i] = np.frombuffer(sample["jpg"], dtype=np.uint8)
-            labels[start + i] = np.array([int(sample["cls"])], dtype=np.int64)
-        return jpegs, labels
+            for out, field in zip(outs, self.fields):
+                out[start + i] = self._array(field, sample[field])
+        return tuple(outs)
 
 
 class SlotIndex:
@@ -64,29 +75,31 @@ def _linear_merge(idx, outs, mini, k=0):
     if k == len(outs) - 1:
         return outs[k]
     if idx < (k + 1) * mini:
-        jpg, label = outs[k]
+        merged = outs[k]
     else:
-        jpg, label = _linear_merge(idx, outs, mini, k + 1)
-    return jpg, label
+        merged = _linear_merge(idx, outs, mini, k + 1)
+    return merged
 
 
-def plain_pipeline(shards, batch_size, num_workers, post, **kwargs):
-    """The #4892 workaround pipeline; ``post(jpg, label)`` adds the benchmark's processing."""
+def plain_pipeline(shards, batch_size, num_workers, post, fields=("jpg", "cls"), rank=0, world_size=1, **kwargs):
+    """The #4892 workaround pipeline; ``post(*fields)`` adds the benchmark's processing."""
 
     @pipeline_def(batch_size=batch_size, py_num_workers=num_workers, enable_conditionals=True, **kwargs)
     def pipe():
         idx = fn.external_source(source=SlotIndex(), batch=False)
         outs = [
-            fn.external_source(
-                source=TarfileSource(shards, w, num_workers, batch_size),
-                num_outputs=2,
-                parallel=True,
-                batch=True,
-                cycle="raise",
+            tuple(
+                fn.external_source(
+                    source=TarfileSource(shards, fields, w, num_workers, rank, world_size, batch_size),
+                    num_outputs=len(fields),
+                    parallel=True,
+                    batch=True,
+                    cycle="raise",
+                )
             )
             for w in range(num_workers)
         ]
-        jpg, label = _linear_merge(idx, outs, batch_size // num_workers)
-        return post(jpg, label)
+        merged = _linear_merge(idx, outs, batch_size // num_workers)
+        return post(*merged)
 
     return pipe()

@@ -9,10 +9,18 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import random
 import tarfile
-from typing import Iterable, List, Mapping, Optional, Union
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tqdm import tqdm
 
 from .errors import ConfigError
+from .manifest import ShardInfo
+
+if TYPE_CHECKING:
+    from .imagefolder import SourceFile
 
 SampleData = Mapping[str, Union[bytes, str, int]]
 
@@ -128,3 +136,85 @@ class ShardWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _member_size(size: int) -> int:
+    return 512 + size + (-size % 512)
+
+
+def partition(files: Sequence[Tuple[str, "SourceFile"]], max_count: int, max_size: Optional[int]) -> List[list]:
+    """Split keyed files into consecutive shards of at most ``max_count`` samples and (when a
+    sample fits) ``max_size`` bytes, sizes taken as stored in the tar."""
+    shards: List[list] = []
+    current: list = []
+    size = 0
+    for keyed in files:
+        src = keyed[1]
+        sample = _member_size(os.path.getsize(src.path)) + (_member_size(8) if src.label is not None else 0)
+        if current and (len(current) >= max_count or (max_size is not None and size + sample > max_size)):
+            shards.append(current)
+            current, size = [], 0
+        current.append(keyed)
+        size += sample
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _write_files_shard(task) -> "ShardInfo":
+    path, keyed = task
+    ext_bytes: dict = {}
+    with TarShardFile(path) as shard:
+        for key, src in keyed:
+            with open(src.path, "rb") as f:
+                data = f.read()
+            sample = {"__key__": key, src.ext: data}
+            ext_bytes[src.ext] = ext_bytes.get(src.ext, 0) + len(data)
+            if src.label is not None:
+                sample["cls"] = str(src.label)
+                ext_bytes["cls"] = ext_bytes.get("cls", 0) + len(sample["cls"])
+            shard.add(sample)
+    return ShardInfo(path, shard.count, os.path.getsize(path), ext_bytes)
+
+
+def write_dataset(
+    files: Sequence["SourceFile"],
+    pattern: str,
+    *,
+    max_count: int = 1000,
+    max_size: Optional[int] = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    processes: Optional[int] = None,
+    progress: bool = False,
+) -> List["ShardInfo"]:
+    """Write files (with their labels as ``.cls``) into shards named by ``pattern``
+    (``out/train-%06d.tar``), in parallel. Keys number the samples in the (optionally shuffled,
+    with ``seed``) order, so the output is the same for the same input, whatever the parallelism."""
+    if "%" not in pattern:
+        raise ConfigError(f"output pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
+    if max_count < 1 or (max_size is not None and max_size < 1):
+        raise ConfigError("max_count and max_size must be positive")
+    order = list(files)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    width = max(8, len(str(len(order) - 1)))
+    keyed = [(f"{i:0{width}d}", src) for i, src in enumerate(order)]
+    tasks = [(pattern % n, part) for n, part in enumerate(partition(keyed, max_count, max_size))]
+    bar = tqdm(total=len(order), unit="sample", disable=not progress, desc="writing shards")
+    infos: List[Optional[ShardInfo]] = [None] * len(tasks)
+    workers = min(processes or os.cpu_count() or 1, len(tasks))
+    try:
+        if workers <= 1:
+            for i, task in enumerate(tasks):
+                infos[i] = _write_files_shard(task)
+                bar.update(infos[i].samples)
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(_write_files_shard, task): i for i, task in enumerate(tasks)}
+                for future in as_completed(futures):
+                    infos[futures[future]] = future.result()
+                    bar.update(infos[futures[future]].samples)
+    finally:
+        bar.close()
+    return infos

@@ -1,4 +1,4 @@
-"""The README's main job (the quickstart) and the benchmark run end to end."""
+"""The examples and benchmarks run end to end (small sizes)."""
 
 import json
 import os
@@ -8,44 +8,69 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(args, timeout):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run(args, timeout, **kw):
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def test_quickstart_checks_exactly_once():
-    out = run(
-        ["examples/quickstart.py", "--epochs", "2", "--world-size", "3", "--workers", "2", "--batch-size", "4"], 300
-    )
+    out = run([sys.executable, "examples/quickstart.py", "--epochs", "2", "--world-size", "3", "--workers", "2",
+               "--batch-size", "4"], 300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("-> exactly once") == 2
     assert "exactly-once check: passed" in out.stdout
 
 
+def _log(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_training_example_on_the_builtin_data(tmp_path):
+    log = tmp_path / "log.jsonl"
+    out = run([sys.executable, "examples/imagenet_tar_train.py", "--epochs", "2", "--log-json", str(log)], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    epochs = _log(log)
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    for e in epochs:
+        assert e["val_images"] == e["val_images_expected"] == 47, "every validation image exactly once"
+        assert 0 <= e["top1"] <= 1 and 0 <= e["data_wait_fraction"] <= 1 and e["images_per_s"] > 0
+        assert e["train_loss"] == e["train_loss"]  # not NaN
+    assert "top-1" in out.stdout and "images/s" in out.stdout
+
+
+def test_training_example_under_torchrun(tmp_path):
+    log = tmp_path / "log.jsonl"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = run([torchrun, "--standalone", "--nproc_per_node", "2", "examples/imagenet_tar_train.py", "--workers", "1",
+               "--epochs", "1", "--log-json", str(log)], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (epoch,) = _log(log)
+    assert epoch["val_images"] == 47 and epoch["steps"] == 3  # ceil(47 / (2 ranks x 8))
+
+
+def test_training_example_help():
+    out = run([sys.executable, "examples/imagenet_tar_train.py", "--help"], 60)
+    assert out.returncode == 0 and "--arch" in out.stdout and "--val-data" in out.stdout
+
+
 def test_throughput_benchmark_runs(tmp_path):
     result = tmp_path / "throughput.json"
-    out = run(
-        [
-            "benchmarks/throughput.py",
-            "--samples",
-            "1024",
-            "--batch-size",
-            "64",
-            "--rounds",
-            "1",
-            "--epochs",
-            "1",
-            "--modes",
-            "bytes",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--out",
-            str(result),
-        ],
-        600,
-    )
+    out = run([sys.executable, "benchmarks/throughput.py", "--samples", "1024", "--batch-size", "64", "--rounds", "1",
+               "--epochs", "1", "--modes", "bytes", "--data-dir", str(tmp_path / "data"), "--out", str(result)], 600)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(result.read_text())
     loaders = report["results"]["bytes"]
     assert set(loaders) == {"dali_shards", "native_webdataset", "plain_4892"}
     assert all(r["samples_per_s"] > 0 for r in loaders.values())
-    assert report["ratios"]["bytes_vs_plain_4892"] > 0
+
+
+def test_compare_benchmark_runs(tmp_path):
+    out = run([sys.executable, "benchmarks/compare.py", "--quick", "--scaling", "", "--loaders",
+               "dali_shards,webdataset_dataloader,dali_proxy", "--data-dir", str(tmp_path / "data"), "--out-dir",
+               str(tmp_path / "results")], 900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((tmp_path / "results" / "compare.json").read_text())
+    ours = report["audit"]["dali_shards"]
+    assert all(e["duplicates"] == 0 and e["missing"] == 0 and e["equal_steps"] for e in ours["epochs"])
+    assert report["throughput"]["augment"]["dali_shards"]["samples_per_s"] > 0
+    assert "not_applicable" in report["throughput"]["bytes"]["dali_proxy"]
+    assert (tmp_path / "results" / "compare.md").exists() and (tmp_path / "results" / "compare.png").exists()

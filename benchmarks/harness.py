@@ -1,0 +1,198 @@
+"""Measuring loaders: each measurement runs in a fresh process (no other loader's workers or
+prefetching running beside it), reporting JSON on its last line of output."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def bench_dir(data_dir: str, samples: int, per_shard: int) -> str:
+    return os.path.join(data_dir, f"bench-{samples}x{per_shard}")
+
+
+class PeakMemory:
+    """Peak memory of this process and all its children (PSS where the OS gives it, so shared
+    memory is not counted twice; RSS otherwise), sampled in a thread."""
+
+    def __init__(self, interval: float = 0.2):
+        import psutil
+
+        self.root = psutil.Process()
+        self.interval = interval
+        self.peak = 0
+        self.kind = "pss"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        import psutil
+
+        total = 0
+        for proc in [self.root, *self.root.children(recursive=True)]:
+            try:
+                if self.kind == "pss":
+                    total += proc.memory_full_info().pss
+                else:
+                    total += proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            except AttributeError:
+                self.kind = "rss"
+        self.peak = max(self.peak, total)
+        return total
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
+    """Time to first batch, then samples/s over ``epochs`` timed epochs after a warm-up epoch."""
+    from loaders import open_loader
+
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        loader = open_loader(loader_name, cfg)
+        batches = loader.epoch()
+        count = len(next(batches))
+        first_batch = time.perf_counter() - start
+        for ids in batches:  # the rest of the warm-up epoch
+            count += len(ids)
+        rates = []
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            n = sum(len(ids) for ids in loader.epoch())
+            rates.append(n / (time.perf_counter() - t0))
+        if hasattr(loader, "close"):
+            loader.close()
+    rates.sort()
+    return {
+        "samples_per_s": rates[len(rates) // 2],
+        "epochs": rates,
+        "first_batch_s": first_batch,
+        "warmup_samples": count,
+        "peak_memory_mb": memory.peak / 2**20,
+        "memory_kind": memory.kind,
+    }
+
+
+def measure_audit(loader_name: str, cfg, epochs: int = 2) -> dict:
+    """The ids one rank receives in each epoch, and its steps."""
+    from loaders import open_loader
+
+    loader = open_loader(loader_name, cfg)
+    result = {"ids": [], "steps": []}
+    for _ in range(epochs):
+        ids: List[int] = []
+        steps = 0
+        for batch in loader.epoch():
+            ids.extend(int(i) for i in batch)
+            steps += 1
+        result["ids"].append(ids)
+        result["steps"].append(steps)
+    if hasattr(loader, "close"):
+        loader.close()
+    return result
+
+
+def run_child(script: str, args: List[str], timeout: float) -> Dict:
+    """Run ``script --child ...`` in a fresh process; its last output line is JSON (or an error)."""
+    cmd = [sys.executable, script, *args]
+    try:
+        out = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {timeout:.0f} s (hang?)"}
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return {"error": _reason(out.stderr or out.stdout) or f"exit code {out.returncode}"}
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        return {"error": lines[-1][:200]}
+
+
+def _reason(text: str) -> str:
+    """The exception line of a failed run's output (the last one naming an error)."""
+    found = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception|Interrupt)|AssertionError)\b.*)$", text, re.MULTILINE)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (found[-1] if found else (lines[-1] if lines else "")).strip()[:300]
+
+
+def child_main(argv: Optional[List[str]] = None) -> None:
+    """Entry point of a measurement process: ``--child throughput|audit`` plus a loader config."""
+    import argparse
+
+    sys.path.insert(0, HERE)
+    from bench_data import build_audit_shards, build_bench_shards
+    from loaders import Config
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", required=True, choices=("throughput", "audit"))
+    ap.add_argument("--loader", required=True)
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--samples", type=int, default=8192)
+    ap.add_argument("--per-shard", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--device-id", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.child == "audit":
+        shards = build_audit_shards(os.path.join(args.data_dir, "audit"))
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(args.rank), str(args.world_size)
+    else:
+        shards = build_bench_shards(
+            bench_dir(args.data_dir, args.samples, args.per_shard),
+            num_samples=args.samples,
+            samples_per_shard=args.per_shard,
+        )
+    cfg = Config(
+        shards,
+        mode=args.mode,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        threads=args.threads,
+        world_size=args.world_size,
+        rank=args.rank,
+        device_id=args.device_id,
+    )
+    try:
+        if args.child == "audit":
+            result = measure_audit(args.loader, cfg, args.epochs)
+        else:
+            result = measure_throughput(args.loader, cfg, args.epochs)
+    except NotImplementedError as exc:
+        result = {"not_applicable": str(exc)}
+    sys.stdout.flush()
+    print(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # do not wait for loaders' worker processes to wind down

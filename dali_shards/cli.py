@@ -1,0 +1,302 @@
+"""The ``dali-shards`` command: write, index, inspect and plan sharded datasets (no DALI needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import List, Optional, Sequence
+
+from .errors import ConfigError, DaliShardsError
+from .manifest import ShardInfo, scan_shards, write_manifest
+from .planner import LAST_BATCH_MODES, PlanSpec
+from .shardlist import expand_pattern, resolve_source
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"500M"``, ``"1.5G"``, ``"64KiB"`` or a plain number of bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 500M, 1G or a number of bytes)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def _expand_all(patterns: Sequence[str]) -> List[str]:
+    urls = [u for p in patterns for u in expand_pattern(p)]
+    if not urls:
+        raise ConfigError("no shards given")
+    return urls
+
+
+def _default_manifest(urls: Sequence[str]) -> str:
+    folders = {os.path.dirname(os.path.abspath(u)) for u in urls if "://" not in u}
+    if len(folders) != 1:
+        raise ConfigError("the shards are in several directories; say where the manifest goes with --manifest")
+    return os.path.join(folders.pop(), "manifest.json")
+
+
+def _human(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# -- write --------------------------------------------------------------------------------
+def cmd_write(args: argparse.Namespace) -> int:
+    from .imagefolder import find_sources, load_class_map, save_class_map
+    from .writer import write_dataset
+
+    class_map = load_class_map(args.class_map) if args.class_map else None
+    files, class_map = find_sources(args.src, class_map, args.numeric_classes)
+    out_dir = os.path.dirname(os.path.abspath(args.out_pattern))
+    os.makedirs(out_dir, exist_ok=True)
+    infos = write_dataset(
+        files,
+        args.out_pattern,
+        max_count=args.max_count,
+        max_size=args.max_size,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        processes=args.processes,
+        progress=not args.quiet,
+    )
+    manifest = args.manifest or os.path.join(out_dir, "manifest.json")
+    write_manifest(manifest, infos)
+    if class_map is not None:
+        save_class_map(os.path.join(out_dir, "classes.json"), class_map)
+    total = sum(i.samples for i in infos)
+    print(
+        f"wrote {total} samples into {len(infos)} shards ({_human(sum(i.bytes or 0 for i in infos))}); "
+        f"manifest {manifest}" + (f"; {len(class_map)} classes in {out_dir}/classes.json" if class_map else "")
+    )
+    return 0
+
+
+# -- index --------------------------------------------------------------------------------
+def cmd_index(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from .dali_index import write_dali_index
+
+    urls = _expand_all(args.patterns)
+    manifest = args.manifest or _default_manifest(urls)
+    if args.no_idx:
+        infos = scan_shards(urls)
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(args.threads, len(urls)))) as pool:
+            infos = list(tqdm(pool.map(write_dali_index, urls), total=len(urls), disable=args.quiet, desc="indexing"))
+    write_manifest(manifest, infos)
+    print(
+        f"{len(infos)} shards, {sum(i.samples for i in infos)} samples: manifest {manifest}"
+        + ("" if args.no_idx else "; DALI index files (.idx) beside the shards")
+    )
+    return 0
+
+
+# -- inspect ------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspection import inspect_shards
+
+    report = inspect_shards(_expand_all(args.patterns), threads=args.threads, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 1 if report["unreadable_shards"] else 0
+    print(f"{report['shards']} shards, {report['samples']} samples, {_human(report['bytes'])}")
+    counts = [s["samples"] for s in report["per_shard"]]
+    if counts:
+        print(f"samples per shard: min {min(counts)}, max {max(counts)}, empty {len(report['empty_shards'])}")
+    print(f"{'field':12} {'samples':>9} {'missing':>8} {'size min / p50 / p90 / p99 / max':>40}")
+    for ext, f in report["fields"].items():
+        sizes = " / ".join(_human(v) for v in f["size_min_p50_p90_p99_max"])
+        print(f"{ext:12} {f['samples']:>9} {f['missing']:>8} {sizes:>40}")
+        if f["missing_examples"]:
+            print(f"{'':12} e.g. missing in: {', '.join(f['missing_examples'])}")
+    print(
+        f"duplicate keys: {report['duplicate_keys']}"
+        + "".join(f"\n  {d['key']!r} in {d['shards'][0]} and {d['shards'][1]}" for d in report["duplicate_examples"])
+    )
+    if report["duplicate_members"]:
+        print(
+            f"duplicate members within a sample: {report['duplicate_members']}, "
+            f"e.g. {', '.join(report['duplicate_member_examples'])}"
+        )
+    for bad in report["unreadable_shards"]:
+        print(f"unreadable: {bad['error']}")
+    return 1 if report["unreadable_shards"] else 0
+
+
+# -- plan ---------------------------------------------------------------------------------
+def cmd_plan(args: argparse.Namespace) -> int:
+    shards: List[ShardInfo] = [s for p in args.patterns for s in resolve_source(p)]
+    spec = PlanSpec(
+        tuple(s.samples for s in shards),
+        world_size=args.world_size,
+        num_workers=args.workers,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        shuffle=args.shuffle,
+        last_batch=args.last_batch,
+        shuffle_buffer=args.shuffle_buffer,
+    )
+    plan = spec.epoch(args.epoch)
+    names = [os.path.basename(s.url) if "://" not in s.url else s.url for s in shards]
+    ranks = []
+    for rank in range(spec.world_size):
+        workers = []
+        for w in range(spec.num_workers):
+            v = rank * spec.num_workers + w
+            valid = spec.worker_valid_count(v)
+            reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in plan.worker_reads(v)]
+            workers.append(
+                {
+                    "worker": w,
+                    "virtual_worker": v,
+                    "samples": valid,
+                    "padding": spec.steps_per_epoch * spec.mini_batch - valid,
+                    "reads": reads,
+                }
+            )
+        ranks.append({"rank": rank, "steps": spec.steps_per_epoch, "workers": workers})
+    summary = {
+        "samples": spec.num_samples,
+        "shards": len(shards),
+        "empty_shards": sum(1 for s in shards if s.samples == 0),
+        "world_size": spec.world_size,
+        "workers_per_rank": spec.num_workers,
+        "virtual_workers": spec.num_virtual_workers,
+        "batch_size": spec.batch_size,
+        "epoch": args.epoch,
+        "shuffle": spec.shuffle,
+        "seed": spec.seed,
+        "last_batch": spec.last_batch,
+        "steps_per_rank": spec.steps_per_epoch,
+        "delivered": spec.planned_samples,
+        "padding": spec.padding_per_epoch,
+        "dropped": spec.dropped_per_epoch,
+        "shard_order": [names[i] for i in plan.shard_order] if spec.shuffle else None,
+        "ranks": ranks,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(
+        f"{spec.num_samples} samples in {len(shards)} shards ({summary['empty_shards']} empty); "
+        f"{spec.world_size} ranks x {spec.num_workers} workers = {spec.num_virtual_workers} virtual workers; "
+        f"batch {spec.batch_size} per rank ({spec.mini_batch} per worker)"
+    )
+    print(
+        f"epoch {args.epoch} ({'shuffled, seed %d' % spec.seed if spec.shuffle else 'canonical order'}, "
+        f"last_batch={spec.last_batch}): {spec.steps_per_epoch} steps on every rank; "
+        f"{spec.planned_samples} samples delivered, {spec.padding_per_epoch} padding slots, "
+        f"{spec.dropped_per_epoch} dropped"
+    )
+    for r in ranks:
+        print(f"rank {r['rank']}:")
+        for w in r["workers"]:
+            reads = ", ".join(f"{x['shard']}[{x['samples'][0]}:{x['samples'][1]}]" for x in w["reads"])
+            pad = f" + {w['padding']} padding" if w["padding"] else ""
+            print(f"  worker {w['worker']} (virtual {w['virtual_worker']}): {w['samples']} samples{pad}; reads {reads}")
+    return 0
+
+
+# -- main ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dali-shards",
+        description="Write, index, inspect and plan WebDataset-style tar shards for dali_shards.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "write",
+        help="write an ImageFolder tree or a file list into tar shards",
+        description="Write an ImageFolder tree (class/xxx.jpg) or a file list (lines 'path [label]') "
+        "into tar shards (<key>.<ext> + <key>.cls), with a manifest and a class map. Output is "
+        "deterministic: the same input and seed give the same shards.",
+    )
+    p.add_argument("src", help="ImageFolder root, or a text file listing 'path [label]' per line")
+    p.add_argument("out_pattern", help="output shards as a %%-format, e.g. out/train-%%06d.tar (.tar.gz to compress)")
+    p.add_argument("--max-count", type=int, default=1000, help="samples per shard at most (default 1000)")
+    p.add_argument("--max-size", type=parse_size, default=None, help="bytes per shard at most, e.g. 1G")
+    p.add_argument("--class-map", help="JSON {class name: index} to use (e.g. the train set's classes.json)")
+    p.add_argument(
+        "--numeric-classes", action="store_true", help="class directories are integer labels (e.g. ImageNet ids)"
+    )
+    p.add_argument(
+        "--shuffle", action="store_true", help="shuffle samples across shards (recommended for training sets)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--processes", type=int, default=None, help="parallel writers (default: all cores)")
+    p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_write)
+
+    p = sub.add_parser(
+        "index",
+        help="write the manifest (and DALI .idx files) of existing shards",
+        description="Scan shards' tar headers; write a manifest of per-shard sample counts (so "
+        "pipelines start without scanning) and DALI index files so fn.readers.webdataset can use "
+        "the same shards without a scan.",
+    )
+    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories or paths")
+    p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
+    p.add_argument("--no-idx", action="store_true", help="write only the manifest")
+    p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_index)
+
+    p = sub.add_parser(
+        "inspect",
+        help="shards, samples, fields, sizes, missing fields, duplicate keys",
+        description="Summarise shards from their tar headers: samples per shard, fields and their "
+        "counts, size percentiles, samples missing a field, duplicate keys. Exits 1 if a shard "
+        "cannot be read.",
+    )
+    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser(
+        "plan",
+        help="who reads which shards, steps per rank, padding and dropped samples",
+        description="Print an epoch's plan: which shards (and samples) each rank's workers read, "
+        "steps per rank, padding and dropped samples. Needs no DALI.",
+    )
+    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
+    p.add_argument("--batch-size", type=int, required=True, help="per rank")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default="pad")
+    p.add_argument("--shuffle-buffer", type=int, default=1024)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_plan)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (DaliShardsError, OSError) as exc:
+        print(f"dali-shards {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

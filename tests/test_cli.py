@@ -1,0 +1,230 @@
+"""The dali-shards command: write, index, inspect, plan."""
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+from dali_shards.cli import main, parse_size
+from dali_shards.manifest import read_manifest, scan_shards
+from dali_shards.planner import PlanSpec
+from dali_shards.sample_data import ROOT as PHOTOS
+from dali_shards.sample_data import sample_images, write_sample_shards
+from dali_shards.shardlist import resolve_source
+
+
+def cli(*args):
+    return main([str(a) for a in args])
+
+
+def digest(paths):
+    return [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths]
+
+
+def test_help_for_every_command(capsys):
+    for command in ([], ["write"], ["index"], ["inspect"], ["plan"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--help"])
+        assert exit_.value.code == 0
+    assert "ImageFolder" in capsys.readouterr().out
+
+
+def test_write_an_image_folder(tmp_path, capsys):
+    out = tmp_path / "a"
+    assert cli("write", PHOTOS, out / "train-%04d.tar", "--max-count", 10, "--shuffle", "--seed", 3, "--quiet") == 0
+    shards = sorted(str(p) for p in out.glob("train-*.tar"))
+    assert len(shards) == 5
+    manifest = read_manifest(str(out / "manifest.json"))
+    assert [s.samples for s in manifest] == [10, 10, 10, 10, 7]
+    assert [s.samples for s in scan_shards(shards)] == [10, 10, 10, 10, 7]
+    classes = json.loads((out / "classes.json").read_text())
+    assert len(classes) == 19 and sorted(classes.values()) == list(range(19))
+    # every photo once, with its class index (ImageFolder order) as .cls
+    import webdataset as wds
+
+    photos = {open(p.path, "rb").read(): classes[str(p.label)] for p in sample_images()}
+    seen = {}
+    for s in wds.WebDataset(shards, shardshuffle=False):
+        seen[s["jpg"]] = int(s["cls"])
+    assert seen == photos
+    # deterministic whatever the parallelism
+    again = tmp_path / "b"
+    cli(
+        "write",
+        PHOTOS,
+        again / "train-%04d.tar",
+        "--max-count",
+        10,
+        "--shuffle",
+        "--seed",
+        3,
+        "--quiet",
+        "--processes",
+        1,
+    )
+    assert digest(shards) == digest(sorted(str(p) for p in again.glob("train-*.tar")))
+    assert "wrote 47 samples into 5 shards" in capsys.readouterr().out
+
+
+def test_write_with_numeric_classes_and_max_size(tmp_path):
+    out = tmp_path / "n"
+    assert cli("write", PHOTOS, out / "s-%03d.tar.gz", "--numeric-classes", "--max-size", "100K", "--quiet") == 0
+    shards = sorted(str(p) for p in out.glob("s-*.tar.gz"))
+    assert len(shards) > 5
+    labels = sorted(int(s["cls"]) for s in __import__("webdataset").WebDataset(shards, shardshuffle=False))
+    assert labels == sorted(p.label for p in sample_images())
+
+
+def test_write_a_file_list(tmp_path):
+    photos = sample_images()[:6]
+    lst = tmp_path / "list.txt"
+    lines = [
+        "# path label",
+        *(f"{p.path} {i * 7}" for i, p in enumerate(photos[:5])),
+        os.path.relpath(photos[5].path, tmp_path),
+    ]
+    lst.write_text("\n".join(lines) + "\n")
+    assert cli("write", lst, tmp_path / "o" / "l-%02d.tar", "--quiet") == 0
+    import webdataset as wds
+
+    samples = list(wds.WebDataset(str(tmp_path / "o" / "l-00.tar"), shardshuffle=False))
+    assert [int(s["cls"]) for s in samples[:5]] == [0, 7, 14, 21, 28]
+    assert "cls" not in samples[5] and samples[5]["jpg"] == open(photos[5].path, "rb").read()
+    assert not (tmp_path / "o" / "classes.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["write", PHOTOS, "out.tar"], "%-format"),
+        (["write", "/no/such/list.txt", "o-%d.tar"], "cannot read file list"),
+        (["write", PHOTOS, "o-%d.tar", "--class-map", "/no/map.json"], "cannot read class map"),
+        (["plan", "/no/such-{0..1}.tar", "--world-size", "1", "--workers", "1", "--batch-size", "1"], "file not found"),
+        (["inspect", "/no/dir/*.tar"], "matches no files"),
+    ],
+)
+def test_clear_errors(tmp_path, capsys, args, message):
+    os.chdir(tmp_path)
+    assert cli(*args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith(f"dali-shards {args[0]}: error:")
+
+
+def test_numeric_classes_need_numbers(tmp_path, capsys):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(b"x")
+    assert cli("write", tmp_path, tmp_path / "o-%d.tar", "--numeric-classes") == 2
+    assert "numeric class directories" in capsys.readouterr().err
+
+
+def test_index_writes_manifest_and_dali_index(tmp_path):
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(4, 0, 7))
+    assert cli("index", tmp_path / "sample-*.tar", "--quiet") == 0
+    assert [s.samples for s in read_manifest(str(tmp_path / "manifest.json"))] == [4, 0, 7]
+    assert resolve_source(str(tmp_path / "manifest.json")) == resolve_source(paths)
+    # the index files are the ones DALI's wds2idx writes, and DALI's reader uses them
+    wds2idx = os.path.join(os.path.dirname(sys.executable), "wds2idx")
+    for p in (paths[0], paths[2]):
+        ref = p + ".ref"
+        subprocess.run([wds2idx, p, ref], check=True, capture_output=True)
+        assert open(p.replace(".tar", ".idx")).read() == open(ref).read()
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=11, num_threads=1, device_id=None)
+    def native():
+        return fn.readers.webdataset(
+            paths=[paths[0], paths[2]], index_paths=[paths[0][:-4] + ".idx", paths[2][:-4] + ".idx"], ext=["cls"]
+        )
+
+    pipe = native()
+    pipe.build()
+    (cls,) = pipe.run()
+    labels = [p.label for p in sample_images()]
+    assert [int(bytes(np.array(c))) for c in cls] == labels[:11]
+
+
+def test_index_refuses_compressed_shards_for_dali(tmp_path, capsys):
+    from dali_shards.writer import write_shard
+
+    write_shard(str(tmp_path / "z.tar.gz"), [{"__key__": "a", "txt": "x"}])
+    assert cli("index", tmp_path / "z.tar.gz") == 2
+    assert "uncompressed" in capsys.readouterr().err
+    assert cli("index", tmp_path / "z.tar.gz", "--no-idx", "--quiet") == 0
+
+
+def test_inspect_reports_what_is_wrong(tmp_path, capsys):
+    good = tmp_path / "a.tar"
+    with tarfile.open(good, "w") as tar:
+        for name, data in [
+            ("k1.jpg", b"x" * 100),
+            ("k1.cls", b"1"),
+            ("k2.jpg", b"y" * 300),
+            ("k3.jpg", b"z"),
+            ("k3.cls", b"3"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    dup = tmp_path / "b.tar"
+    with tarfile.open(dup, "w") as tar:
+        for name in ("k3.jpg", "k3.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    tarfile.open(tmp_path / "c.tar", "w").close()
+    (tmp_path / "d.tar").write_bytes(b"garbage" * 100)
+    assert cli("inspect", tmp_path, "--json", "--quiet") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 4 and report["shards"] == 4
+    assert report["fields"]["cls"]["missing"] == 1 and report["fields"]["cls"]["missing_examples"] == ["k2"]
+    assert report["fields"]["jpg"]["size_min_p50_p90_p99_max"][-1] == 300
+    assert report["duplicate_keys"] == 1 and report["duplicate_examples"][0]["key"] == "k3"
+    assert report["empty_shards"] == [str(tmp_path / "c.tar")]
+    assert "d.tar" in report["unreadable_shards"][0]["error"]
+    assert cli("inspect", good, "--quiet") == 0
+    text = capsys.readouterr().out
+    assert "1 shards, 3 samples" in text and "e.g. missing in: k2" in text
+
+
+def test_plan_matches_the_planner_without_dali(tmp_path):
+    write_sample_shards(str(tmp_path), shard_sizes=(11, 0, 17, 3, 16))
+    code = (
+        "import sys, json, io, contextlib\n"
+        "from dali_shards.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    main(['plan', {str(tmp_path)!r} + '/sample-*.tar', '--world-size', '3', '--workers', '2',\n"
+        "          '--batch-size', '4', '--shuffle', '--seed', '5', '--epoch', '2', '--json'])\n"
+        "assert not any(m.startswith('nvidia.dali') for m in sys.modules)\n"
+        "print(buf.getvalue())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    plan = json.loads(out)
+    spec = PlanSpec((11, 0, 17, 3, 16), world_size=3, num_workers=2, batch_size=4, seed=5, shuffle=True)
+    assert plan["steps_per_rank"] == spec.steps_per_epoch == 4
+    assert plan["padding"] == spec.padding_per_epoch == 3 * 4 * 4 - 47
+    assert sum(w["samples"] for r in plan["ranks"] for w in r["workers"]) == 47
+    reads = [x["shard"] for r in plan["ranks"] for w in r["workers"] for x in w["reads"]]
+    in_order = [s for i, s in enumerate(reads) if i == 0 or s != reads[i - 1]]  # shared shards appear twice
+    assert in_order == [s for s in plan["shard_order"] if s != "sample-000001.tar"]
+
+
+def test_plan_text(tmp_path, capsys):
+    write_sample_shards(str(tmp_path), shard_sizes=(5, 5))
+    assert (
+        cli("plan", tmp_path, "--world-size", "2", "--workers", "1", "--batch-size", "4", "--last-batch", "drop") == 0
+    )
+    text = capsys.readouterr().out
+    assert "1 steps on every rank; 8 samples delivered, 0 padding slots, 2 dropped" in text
+    assert "rank 1:" in text and "sample-000001.tar[" in text
+
+
+def test_parse_size():
+    assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == int(1.5 * (1 << 30))
+    assert parse_size("64KiB") == 64 << 10 and parse_size("1234") == 1234

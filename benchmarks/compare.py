@@ -5,14 +5,14 @@ Loaders (see ``loaders.py``): dali_shards; DALI's native ``fn.readers.webdataset
 (DataLoader workers feeding a DALI pipeline). Measured, each loader in a fresh process:
 
 1. samples/s bytes-only and with decode + augment (random-resized-crop 224, flip, normalize), time to
-   first batch, peak memory of all the loader's processes (PSS);
+   first batch, peak memory of all the loader's processes (PSS); medians of interleaved rounds;
 2. a scaling table over Python workers (augment);
 3. an exactly-once audit: 4 simulated ranks, 2 epochs, uneven shards (one empty): duplicates and
    missing samples per epoch, and steps per rank (unequal steps hang DDP at the epoch's end).
 
 Writes ``results/compare.json``, ``results/compare.md`` and ``results/compare.png``.
 
-    python benchmarks/compare.py                 # about 15 minutes on 2 CPUs
+    python benchmarks/compare.py                 # about 30 minutes on 2 CPUs
     python benchmarks/compare.py --quick         # a small smoke run
 """
 
@@ -110,6 +110,14 @@ def audit(args, loader):
             }
         )
     return {"samples": total, "epochs": epochs, "failed_ranks": failed}
+
+
+def _median_run(runs):
+    """The median run by samples/s (errors and n/a results pass through), with all rounds' rates."""
+    good = sorted((r for r in runs if "samples_per_s" in r), key=lambda r: r["samples_per_s"])
+    if not good:
+        return runs[0]
+    return {**good[(len(good) - 1) // 2], "rounds": [r.get("samples_per_s") for r in runs]}
 
 
 def _audit_sizes():
@@ -220,6 +228,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per measurement (after a warm-up epoch)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the throughput measurements")
     ap.add_argument("--scaling", default=None, help="worker counts for the scaling table (default 1,2,4,8; '' skips)")
     ap.add_argument("--scaling-samples", type=int, default=2048)
     ap.add_argument("--audit-ranks", type=int, default=4)
@@ -232,7 +241,7 @@ def main(argv=None):
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.samples, args.batch_size, args.epochs, args.scaling_samples = 1024, 64, 1, 512
+        args.samples, args.batch_size, args.epochs, args.scaling_samples, args.rounds = 1024, 64, 1, 512, 1
     if args.scaling is None:
         args.scaling = "1,2" if args.quick else "1,2,4,8"
     from bench_data import build_bench_shards
@@ -242,9 +251,12 @@ def main(argv=None):
     mean_kb = sum(os.path.getsize(p) for p in shards) / args.samples / 1024
     throughput = {"bytes": {}, "augment": {}}
     for mode in throughput:
-        for name in loaders:
-            print(f"throughput {mode:8} {name} ...", flush=True)
-            throughput[mode][name] = run_child(__file__, child_args(args, "throughput", name, mode), args.timeout)
+        runs = {name: [] for name in loaders}
+        for round_ in range(args.rounds):  # interleaved rounds: noise hits every loader alike
+            for name in loaders:
+                print(f"throughput {mode:8} round {round_} {name} ...", flush=True)
+                runs[name].append(run_child(__file__, child_args(args, "throughput", name, mode), args.timeout))
+        throughput[mode] = {name: _median_run(rs) for name, rs in runs.items()}
     scaling = {}
     counts = [int(w) for w in args.scaling.split(",") if w]
     if counts:

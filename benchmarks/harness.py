@@ -192,7 +192,19 @@ def child_main(argv: Optional[List[str]] = None) -> None:
             result = measure_throughput(args.loader, cfg, args.epochs)
     except NotImplementedError as exc:
         result = {"not_applicable": str(exc)}
+    print(json.dumps(result), flush=True)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Exit without waiting for loaders to wind down, but take their worker processes along (an
+    orphaned worker would keep our output pipe open)."""
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
     sys.stdout.flush()
-    print(json.dumps(result))
-    sys.stdout.flush()
-    os._exit(0)  # do not wait for loaders' worker processes to wind down
+    os._exit(0)

@@ -76,9 +76,13 @@ class DaliShardsLoader:
         from dali_shards import sharded_pipeline
         from dali_shards.pytorch import DALIShardedIterator
 
+        # bytes mode runs the pipeline directly and needs the padding mask as an output; the
+        # iterator derives it from the plan
+        fields = ("jpg", "id", "__valid__") if cfg.mode == "bytes" else ("jpg", "id")
+
         @sharded_pipeline(
             cfg.shards,
-            fields=("jpg", "id", "__valid__"),
+            fields=fields,
             batch_size=cfg.batch_size,
             py_num_workers=cfg.workers,
             shuffle=True,
@@ -88,8 +92,8 @@ class DaliShardsLoader:
             num_threads=cfg.threads,
             device_id=cfg.device_id,
         )
-        def pipe(jpg, ids, valid):
-            return dali_post(cfg.mode, jpg, cfg.device_id), fn.reinterpret(ids, dtype=types.INT64), valid
+        def pipe(jpg, ids, *valid):
+            return (dali_post(cfg.mode, jpg, cfg.device_id), fn.reinterpret(ids, dtype=types.INT64), *valid)
 
         self.cfg = cfg
         self.pipe = pipe()
@@ -97,7 +101,7 @@ class DaliShardsLoader:
             self.pipe.build()
             self.it = None
         else:
-            self.it = DALIShardedIterator(self.pipe, ["data", "id", "valid"])
+            self.it = DALIShardedIterator(self.pipe, ["data", "id"])
 
     def epoch(self) -> Iterator[np.ndarray]:
         if self.it is not None:

@@ -13,8 +13,21 @@ def run(args, timeout, **kw):
 
 
 def test_quickstart_checks_exactly_once():
-    out = run([sys.executable, "examples/quickstart.py", "--epochs", "2", "--world-size", "3", "--workers", "2",
-               "--batch-size", "4"], 300)
+    out = run(
+        [
+            sys.executable,
+            "examples/quickstart.py",
+            "--epochs",
+            "2",
+            "--world-size",
+            "3",
+            "--workers",
+            "2",
+            "--batch-size",
+            "4",
+        ],
+        300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("-> exactly once") == 2
     assert "exactly-once check: passed" in out.stdout
@@ -40,8 +53,22 @@ def test_training_example_on_the_builtin_data(tmp_path):
 def test_training_example_under_torchrun(tmp_path):
     log = tmp_path / "log.jsonl"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    out = run([torchrun, "--standalone", "--nproc_per_node", "2", "examples/imagenet_tar_train.py", "--workers", "1",
-               "--epochs", "1", "--log-json", str(log)], 300)
+    out = run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "examples/imagenet_tar_train.py",
+            "--workers",
+            "1",
+            "--epochs",
+            "1",
+            "--log-json",
+            str(log),
+        ],
+        300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (epoch,) = _log(log)
     assert epoch["val_images"] == 47 and epoch["steps"] == 3  # ceil(47 / (2 ranks x 8))
@@ -54,8 +81,27 @@ def test_training_example_help():
 
 def test_throughput_benchmark_runs(tmp_path):
     result = tmp_path / "throughput.json"
-    out = run([sys.executable, "benchmarks/throughput.py", "--samples", "1024", "--batch-size", "64", "--rounds", "1",
-               "--epochs", "1", "--modes", "bytes", "--data-dir", str(tmp_path / "data"), "--out", str(result)], 600)
+    out = run(
+        [
+            sys.executable,
+            "benchmarks/throughput.py",
+            "--samples",
+            "1024",
+            "--batch-size",
+            "64",
+            "--rounds",
+            "1",
+            "--epochs",
+            "1",
+            "--modes",
+            "bytes",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(result),
+        ],
+        600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(result.read_text())
     loaders = report["results"]["bytes"]
@@ -64,9 +110,22 @@ def test_throughput_benchmark_runs(tmp_path):
 
 
 def test_compare_benchmark_runs(tmp_path):
-    out = run([sys.executable, "benchmarks/compare.py", "--quick", "--scaling", "", "--loaders",
-               "dali_shards,webdataset_dataloader,dali_proxy", "--data-dir", str(tmp_path / "data"), "--out-dir",
-               str(tmp_path / "results")], 900)
+    out = run(
+        [
+            sys.executable,
+            "benchmarks/compare.py",
+            "--quick",
+            "--scaling",
+            "",
+            "--loaders",
+            "dali_shards,webdataset_dataloader,dali_proxy",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out-dir",
+            str(tmp_path / "results"),
+        ],
+        900,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "results" / "compare.json").read_text())
     ours = report["audit"]["dali_shards"]

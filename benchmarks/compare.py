@@ -189,6 +189,9 @@ def plot(report, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    thousands = FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x >= 1000 else f"{x:.0f}")
 
     names = report["loaders"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
@@ -201,6 +204,7 @@ def plot(report, path):
         ax.set_title({"bytes": "bytes only", "augment": "decode + augment"}[mode] + " (samples/s, higher is better)")
         ax.invert_yaxis()
         ax.set_xlim(0, max(values + [1]) * 1.25)
+        ax.xaxis.set_major_formatter(thousands)
     fig.tight_layout()
     if report.get("scaling"):
         fig2, ax2 = plt.subplots(figsize=(6, 4))
@@ -237,9 +241,15 @@ def main(argv=None):
     ap.add_argument("--device-id", type=int, default=None, help="GPU for DALI's mixed decode (default: CPU only)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a measurement counts as hung")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    ap.add_argument("--from-json", help="only rewrite the markdown and plots from a saved compare.json")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            report = json.load(f)
+        write_report(report, args.out_dir)
+        return report
     if args.quick:
         args.samples, args.batch_size, args.epochs, args.scaling_samples, args.rounds = 1024, 64, 1, 512, 1
     if args.scaling is None:
@@ -314,17 +324,21 @@ def main(argv=None):
         "audit": audits,
         "ratios": ratios,
     }
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "compare.json"), "w") as f:
+    write_report(report, args.out_dir)
+    return report
+
+
+def write_report(report, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "compare.json"), "w") as f:
         json.dump(report, f, indent=1)
     text = markdown(report)
-    with open(os.path.join(args.out_dir, "compare.md"), "w") as f:
+    with open(os.path.join(out_dir, "compare.md"), "w") as f:
         f.write(text)
-    plot(report, os.path.join(args.out_dir, "compare.png"))
+    plot(report, os.path.join(out_dir, "compare.png"))
     print()
     print(text)
-    print(f"wrote {args.out_dir}/compare.json, compare.md, compare.png")
-    return report
+    print(f"wrote {out_dir}/compare.json, compare.md, compare.png")
 
 
 def _device_name(device_id):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -71,6 +72,16 @@ def cmd_write(args: argparse.Namespace) -> int:
     )
     manifest = args.manifest or os.path.join(out_dir, "manifest.json")
     write_manifest(manifest, infos)
+    written = {os.path.abspath(i.url) for i in infos}
+    stale = sorted(
+        p for p in glob.glob(re.sub(r"%[-+ #0]*\d*d", "*", args.out_pattern)) if os.path.abspath(p) not in written
+    )
+    if stale:
+        print(
+            f"dali-shards write: warning: {len(stale)} other files match {args.out_pattern} (e.g. {stale[0]}); "
+            "they are not in the manifest, but a glob would pick them up: remove them",
+            file=sys.stderr,
+        )
     if class_map is not None:
         save_class_map(os.path.join(out_dir, "classes.json"), class_map)
     total = sum(i.samples for i in infos)

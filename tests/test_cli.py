@@ -72,6 +72,15 @@ def test_write_an_image_folder(tmp_path, capsys):
     assert "wrote 47 samples into 5 shards" in capsys.readouterr().out
 
 
+def test_write_warns_about_stale_shards(tmp_path, capsys):
+    out = tmp_path / "s"
+    cli("write", PHOTOS, out / "t-%03d.tar", "--max-count", 5, "--quiet")
+    cli("write", PHOTOS, out / "t-%03d.tar", "--max-count", 40, "--quiet")
+    err = capsys.readouterr().err
+    assert "8 other files match" in err and "t-002.tar" in err
+    assert [s.samples for s in read_manifest(str(out / "manifest.json"))] == [40, 7]
+
+
 def test_write_with_numeric_classes_and_max_size(tmp_path):
     out = tmp_path / "n"
     assert cli("write", PHOTOS, out / "s-%03d.tar.gz", "--numeric-classes", "--max-size", "100K", "--quiet") == 0

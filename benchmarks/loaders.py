@@ -69,6 +69,18 @@ def _ids(tensor) -> np.ndarray:
     return np.asarray(tensor.cpu() if hasattr(tensor, "cpu") else tensor).reshape(-1).astype(np.int64)
 
 
+def _dali_ids(iterator) -> Iterator[np.ndarray]:
+    """The "id" output of each batch of a DALI iterator."""
+    for (batch,) in iterator:
+        yield _ids(batch["id"])
+
+
+def _loader_ids(loader) -> Iterator[np.ndarray]:
+    """The ids of each (data, ids) batch of a torch DataLoader."""
+    for _, ids in loader:
+        yield _ids(ids)
+
+
 class DaliShardsLoader:
     def __init__(self, cfg: Config):
         from nvidia.dali import fn, types
@@ -105,8 +117,7 @@ class DaliShardsLoader:
 
     def epoch(self) -> Iterator[np.ndarray]:
         if self.it is not None:
-            for (batch,) in self.it:
-                yield _ids(batch["id"])
+            yield from _dali_ids(self.it)
             return
         while True:
             try:
@@ -164,8 +175,7 @@ class NativeLoader:
 
     def epoch(self) -> Iterator[np.ndarray]:
         if self.it is not None:
-            for (batch,) in self.it:
-                yield _ids(batch["id"])
+            yield from _dali_ids(self.it)
             return
         # bytes: the rank's shard (it moves to the next shard every epoch), padded to whole batches
         k, r = self.cfg.world_size, (self.cfg.rank + self.count) % self.cfg.world_size
@@ -202,8 +212,7 @@ class PlainLoader:
 
     def epoch(self) -> Iterator[np.ndarray]:
         if self.it is not None:
-            for (batch,) in self.it:
-                yield _ids(batch["id"])
+            yield from _dali_ids(self.it)
             return
         while True:
             try:
@@ -266,8 +275,7 @@ class WebdatasetLoader:
         self.loader = torch.utils.data.DataLoader(dataset, **kwargs)
 
     def epoch(self) -> Iterator[np.ndarray]:
-        for _, ids in self.loader:
-            yield _ids(ids)
+        yield from _loader_ids(self.loader)
 
 
 class _ProxyItem:
@@ -308,8 +316,7 @@ class ProxyLoader:
         )
 
     def epoch(self) -> Iterator[np.ndarray]:
-        for _, ids in self.loader:
-            yield _ids(ids)
+        yield from _loader_ids(self.loader)
 
     def close(self):
         self.server.__exit__(None, None, None)

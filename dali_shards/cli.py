@@ -11,9 +11,9 @@ import sys
 from typing import List, Optional, Sequence
 
 from .errors import ConfigError, DaliShardsError
-from .manifest import ShardInfo, scan_shards, write_manifest
+from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
 from .planner import LAST_BATCH_MODES, PlanSpec
-from .shardlist import expand_pattern, resolve_source
+from .shardlist import expand_pattern, is_manifest, resolve_source
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -28,10 +28,16 @@ def parse_size(text: str) -> int:
 
 
 def _expand_all(patterns: Sequence[str]) -> List[str]:
-    urls = [u for p in patterns for u in expand_pattern(p)]
+    """Shard URLs of patterns, globs, directories and manifests (read, not scanned)."""
+    urls = [u for p in patterns for u in ([s.url for s in read_manifest(p)] if is_manifest(p) else expand_pattern(p))]
     if not urls:
         raise ConfigError("no shards given")
     return urls
+
+
+def _add_scan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _default_manifest(urls: Sequence[str]) -> str:
@@ -263,8 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories or paths")
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
     p.add_argument("--no-idx", action="store_true", help="write only the manifest")
-    p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_scan_options(p)
     p.set_defaults(run=cmd_index)
 
     p = sub.add_parser(
@@ -276,8 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_scan_options(p)
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser(

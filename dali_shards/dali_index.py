@@ -13,7 +13,7 @@ from typing import Optional
 from .errors import ShardFormatError
 from .manifest import ShardInfo
 from .storage import local_path, open_shard, shard_size
-from .tarformat import BLOCK, TarReader, is_metadata, split_key
+from .tarformat import BLOCK, TarReader
 
 INDEX_VERSION = "v1.2"
 
@@ -38,21 +38,11 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
                 "is compressed; DALI's webdataset reader reads only uncompressed tars",
                 hint="write uncompressed shards (or pass --no-idx to write only the manifest)",
             )
-        reader = TarReader(stream, url)
-        key = None
-        while True:
-            member = reader.next_member()
-            if member is None:
-                break
-            reader.skip_data(member)
-            k, ext = split_key(member.name)
-            if k is None or is_metadata(member.name):
-                continue
-            raw_ext = member.name[len(k) + 1 :]  # DALI matches extensions case-sensitively by default
+        for position, key, ext, member in TarReader(stream, url).scan():
+            raw_ext = member.name[len(key) + 1 :]  # DALI matches extensions case-sensitively by default
             entry = f"{raw_ext} {member.header_offset + BLOCK} {member.size} {member.name}"
-            if k != key:
+            if position == len(samples):
                 samples.append([entry])
-                key = k
             else:
                 samples[-1].append(entry)
             ext_bytes[ext] = ext_bytes.get(ext, 0) + member.size

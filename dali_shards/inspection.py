@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .storage import open_shard, shard_size
-from .tarformat import TarReader, is_metadata, split_key
+from .tarformat import TarReader
 
 EXAMPLES = 5
 
@@ -36,24 +36,14 @@ def scan_report(url: str) -> ShardReport:
     report = ShardReport(url, bytes=shard_size(url))
     try:
         with open_shard(url) as stream:
-            reader = TarReader(stream, url)
-            key = None
-            while True:
-                member = reader.next_member()
-                if member is None:
-                    break
-                reader.skip_data(member)
-                k, ext = split_key(member.name)
-                if k is None or is_metadata(member.name):
-                    continue
-                if k != key:
-                    report.keys.append(k)
-                    key = k
+            for position, key, ext, member in TarReader(stream, url).scan():
+                if position == len(report.keys):
+                    report.keys.append(key)
                 report.ext_sizes.setdefault(ext, array("q")).append(member.size)
                 holders = report.ext_keys.setdefault(ext, set())
-                if len(report.keys) - 1 in holders:
+                if position in holders:
                     report.duplicate_members.append(member.name)
-                holders.add(len(report.keys) - 1)
+                holders.add(position)
     except Exception as exc:  # noqa: BLE001 - an inspection reports every kind of damage
         report.error = str(exc)
     report.samples = len(report.keys)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional
+from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional, Tuple
 
 from .errors import ShardFormatError
 
@@ -240,6 +240,22 @@ class TarReader:
         self._skip(size + (-size % BLOCK), f"member {member.name!r}")
 
     # -- samples -------------------------------------------------------------------------
+    def scan(self) -> Iterator[Tuple[int, str, str, Member]]:
+        """``(sample position, key, extension, member)`` of every sample member, from the headers
+        alone (the data is skipped), grouped by the same rules as ``samples``."""
+        position, key = -1, None
+        while True:
+            member = self.next_member()
+            if member is None:
+                return
+            self.skip_data(member)
+            k, ext = split_key(member.name)
+            if k is None or is_metadata(member.name):
+                continue
+            if k != key:
+                position, key = position + 1, k
+            yield position, k, ext, member
+
     def samples(
         self,
         want: Optional[Collection[str]] = None,
@@ -302,19 +318,8 @@ class ShardStats:
 def scan_tar(stream: BinaryIO, url: str) -> ShardStats:
     """Scan a shard's tar headers (member data is skipped, by seeking where possible)."""
     stats = ShardStats()
-    reader = TarReader(stream, url)
-    key = None
-    while True:
-        member = reader.next_member()
-        if member is None:
-            break
-        reader.skip_data(member)
-        k, ext = split_key(member.name)
-        if k is None or is_metadata(member.name):
-            continue
-        if k != key:
-            stats.samples += 1
-            key = k
+    for position, _, ext, member in TarReader(stream, url).scan():
+        stats.samples = position + 1
         stats.ext_bytes[ext] = stats.ext_bytes.get(ext, 0) + member.size
     return stats
 

@@ -199,6 +199,11 @@ def test_inspect_reports_what_is_wrong(tmp_path, capsys):
     assert cli("inspect", good, "--quiet") == 0
     text = capsys.readouterr().out
     assert "1 shards, 3 samples" in text and "e.g. missing in: k2" in text
+    from dali_shards.manifest import write_manifest
+
+    write_manifest(str(tmp_path / "m.json"), scan_shards([str(good), str(dup)]))
+    assert cli("inspect", tmp_path / "m.json", "--quiet") == 0
+    assert "2 shards, 4 samples" in capsys.readouterr().out
 
 
 def test_plan_matches_the_planner_without_dali(tmp_path):

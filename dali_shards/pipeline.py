@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from nvidia.dali import fn
@@ -24,6 +24,7 @@ from .graph import assemble_fields
 from .layout import SampleLayout
 from .manifest import ShardInfo
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec
+from .resume import make_state, resume_point
 from .shardlist import Source, resolve_source
 from .worker_source import WorkerSource
 
@@ -40,13 +41,18 @@ _OPTIONS = (
     "shuffle_buffer",
     "start_epoch",
     "worker_prefetch",
+    "resume_from",
 )
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
 
 
 @dataclass(frozen=True)
 class ShardedPipelineInfo:
-    """What a sharded pipeline reads and how: attached to it as ``pipe.dali_shards``."""
+    """What a sharded pipeline reads and how: attached to it as ``pipe.dali_shards``.
+
+    A resumed pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch);
+    ``resume_prior`` lists the layouts that ran in that epoch before it.
+    """
 
     spec: PlanSpec
     rank: int
@@ -54,6 +60,9 @@ class ShardedPipelineInfo:
     shards: Tuple[ShardInfo, ...]
     layout: SampleLayout
     plan_version: int = PLAN_VERSION
+    resume_plan: Optional[EpochPlan] = None
+    resume_prior: Tuple[Dict[str, Any], ...] = ()
+    rebuild: Optional[Callable[..., Pipeline]] = field(default=None, compare=False, repr=False)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -64,7 +73,18 @@ class ShardedPipelineInfo:
         return tuple(f.name for f in self.layout.fields)
 
     def plan(self, epoch: int) -> EpochPlan:
+        """The plan of an epoch (the resumed plan for the epoch a resumed pipeline starts in)."""
+        if self.resume_plan is not None and self.resume_plan.epoch == epoch:
+            return self.resume_plan
         return self.spec.epoch(epoch)
+
+    def prior(self, epoch: int) -> List[Dict[str, Any]]:
+        """The layouts that ran in ``epoch`` before this pipeline's plan of it."""
+        return list(self.resume_prior) if self.resume_plan is not None and self.resume_plan.epoch == epoch else []
+
+    def state(self, epoch: int, steps: int) -> Dict[str, Any]:
+        """The resumable state after ``steps`` batches of ``epoch`` (counted from its plan's step 0)."""
+        return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps)
 
 
 def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
@@ -144,8 +164,11 @@ def build_sharded_pipeline(
         shuffle_buffer=int(options.get("shuffle_buffer", 1024)),
     )
     start_epoch = int(options.get("start_epoch", 0))
+    resume_plan, resume_prior = None, []
+    if options.get("resume_from") is not None:
+        start_epoch, resume_plan, resume_prior = resume_point(spec, options["resume_from"])
     urls = [s.url for s in shards]
-    sources = [WorkerSource(spec, urls, layout, rank, w, start_epoch) for w in range(num_workers)]
+    sources = [WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan) for w in range(num_workers)]
     hint = _bytes_per_sample_hint(shards, layout, num_workers)
     prefetch = int(options.get("worker_prefetch", 2))
 
@@ -169,7 +192,14 @@ def build_sharded_pipeline(
     kwargs.update(pipeline_kwargs)
     kwargs.pop("enable_conditionals", None)
     pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
-    pipe.dali_shards = ShardedPipelineInfo(spec, rank, start_epoch, shards, layout)
+
+    def rebuild(**overrides: Any) -> Pipeline:
+        """The same pipeline, anew, with some options changed (e.g. ``resume_from``)."""
+        return build_sharded_pipeline(func, {**options, **overrides}, pipeline_kwargs, fn_args, fn_kwargs)
+
+    pipe.dali_shards = ShardedPipelineInfo(
+        spec, rank, start_epoch, shards, layout, PLAN_VERSION, resume_plan, tuple(resume_prior), rebuild
+    )
     return pipe
 
 
@@ -187,6 +217,7 @@ def sharded_pipeline(
     shuffle_buffer: int = 1024,
     start_epoch: int = 0,
     worker_prefetch: int = 2,
+    resume_from: Optional[Dict[str, Any]] = None,
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
@@ -227,6 +258,7 @@ def sharded_pipeline(
         "shuffle_buffer": shuffle_buffer,
         "start_epoch": start_epoch,
         "worker_prefetch": worker_prefetch,
+        "resume_from": resume_from,
     }
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:

@@ -21,9 +21,10 @@ reproducible run after run and across machines. ``PLAN_VERSION`` changes wheneve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator, List, NamedTuple, Sequence, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -167,10 +168,9 @@ class PlanSpec:
         return self.num_samples - self.planned_samples
 
     def worker_span(self, v: int) -> Tuple[int, int]:
-        """Positions ``[start, stop)`` of worker ``v``'s run in every epoch's sample sequence."""
+        """Positions ``[start, stop)`` of worker ``v``'s run in every (full) epoch's sample sequence."""
         self._check_worker(v)
-        total, workers = self.planned_samples, self.num_virtual_workers
-        return v * total // workers, (v + 1) * total // workers
+        return _span(v, self.planned_samples, self.num_virtual_workers)
 
     def worker_valid_count(self, v: int) -> int:
         start, stop = self.worker_span(v)
@@ -194,13 +194,61 @@ class PlanSpec:
             raise IndexError(f"virtual worker {v} outside 0..{self.num_virtual_workers - 1}")
 
 
+def _span(v: int, planned: int, workers: int) -> Tuple[int, int]:
+    return v * planned // workers, (v + 1) * planned // workers
+
+
 @dataclass(frozen=True)
 class EpochPlan:
-    """The plan of one epoch: shard order, each worker's reads and emission order."""
+    """The plan of one epoch: shard order, each worker's reads and emission order.
+
+    A resumed epoch plans only ``subset`` (sorted positions of the epoch's sample sequence still to
+    deliver, after an elastic resume) and/or starts at ``start_step`` (after a resume with the same
+    layout); steps are counted from the plan's start either way.
+    """
 
     spec: PlanSpec
     epoch: int
+    subset: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    start_step: int = 0
 
+    # -- sizes ---------------------------------------------------------------------------
+    @cached_property
+    def available(self) -> int:
+        """Samples this plan may deliver (the whole sequence, or the subset)."""
+        return self.spec.num_samples if self.subset is None else len(self.subset)
+
+    @cached_property
+    def steps(self) -> int:
+        """Batches every rank delivers under this plan (``steps_per_epoch`` for a full epoch)."""
+        gb = self.spec.global_batch
+        return -(-self.available // gb) if self.spec.last_batch == "pad" else self.available // gb
+
+    @cached_property
+    def planned(self) -> int:
+        """Samples delivered as valid under this plan, over all ranks."""
+        return self.available if self.spec.last_batch == "pad" else self.steps * self.spec.global_batch
+
+    def worker_span(self, v: int) -> Tuple[int, int]:
+        """Worker ``v``'s balanced contiguous run ``[start, stop)`` of the planned samples."""
+        self.spec._check_worker(v)
+        return _span(v, self.planned, self.spec.num_virtual_workers)
+
+    def worker_valid_count(self, v: int) -> int:
+        start, stop = self.worker_span(v)
+        return stop - start
+
+    def valid_mask(self, rank: int, step: int) -> np.ndarray:
+        """Which slots of ``rank``'s batch at ``step`` hold real samples."""
+        if not 0 <= step < self.steps:
+            raise IndexError(f"step {step} outside 0..{self.steps - 1}")
+        m = self.spec.mini_batch
+        emitted = step * m + np.arange(m)
+        return np.concatenate(
+            [emitted < self.worker_valid_count(rank * self.spec.num_workers + w) for w in range(self.spec.num_workers)]
+        )
+
+    # -- sequence ------------------------------------------------------------------------
     @cached_property
     def shard_order(self) -> np.ndarray:
         n = len(self.spec.shard_sizes)
@@ -221,6 +269,10 @@ class EpochPlan:
         """``__index__`` of the first sample of each shard (shards in the order given)."""
         return np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
 
+    def position(self, index: int) -> int:
+        """The sequence position of the plan's ``index``-th sample."""
+        return index if self.subset is None else int(self.subset[index])
+
     def locate(self, positions: Sequence[int] | np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(shard, sample-in-shard) of epoch-sequence positions."""
         pos = np.asarray(positions, dtype=np.int64)
@@ -235,23 +287,59 @@ class EpochPlan:
         shard, local = self.locate(positions)
         return self.canonical_starts[shard] + local
 
+    # -- workers -------------------------------------------------------------------------
+    def _valid_order(self, v: int) -> Iterator[int]:
+        start, stop = self.worker_span(v)
+        if not self.spec.shuffle:
+            local: Iterator[int] = iter(range(stop - start))
+        else:
+            local = buffer_shuffle_order(stop - start, self.spec.shuffle_buffer, self.spec.seed, self.epoch, v)
+        if self.subset is None:
+            return (start + x for x in local)
+        subset = self.subset
+        return (int(subset[start + x]) for x in local)
+
     def pad_position(self, v: int) -> int:
         """The sample whose copies pad worker ``v``'s last slots: its last emitted sample, or, for
         a worker with an empty run, the sample at its run's place in the sequence."""
-        start, stop = self.spec.worker_span(v)
+        start, stop = self.worker_span(v)
         if stop > start:
             *_, last = self._valid_order(v)
             return last
-        return min(start, self.spec.num_samples - 1)
+        return self.position(min(start, self.available - 1))
 
-    def worker_reads(self, v: int) -> List[Segment]:
-        """The samples worker ``v`` reads this epoch, as segments in reading order."""
-        start, stop = self.spec.worker_span(v)
-        if stop == start:
-            start, stop = self.pad_position(v), self.pad_position(v) + 1
+    def iter_worker_order(self, v: int) -> Iterator[Tuple[int, bool]]:
+        """(epoch position, valid) of every slot worker ``v`` fills under this plan, from step 0."""
+        count = 0
+        last = None
+        for pos in self._valid_order(v):
+            yield pos, True
+            last = pos
+            count += 1
+        total = self.steps * self.spec.mini_batch
+        if count < total:
+            pad = last if last is not None else self.pad_position(v)
+            for _ in range(total - count):
+                yield pad, False
+
+    def worker_emissions(self, v: int) -> List[Tuple[int, bool]]:
+        """What worker ``v`` still emits: its order from ``start_step`` on."""
+        skip = self.start_step * self.spec.mini_batch
+        return [e for i, e in enumerate(self.iter_worker_order(v)) if i >= skip]
+
+    def worker_order(self, v: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Arrays of epoch positions and valid flags, ``steps * mini_batch`` long (from step 0)."""
+        pairs = list(self.iter_worker_order(v))
+        return (
+            np.fromiter((p for p, _ in pairs), dtype=np.int64, count=len(pairs)),
+            np.fromiter((ok for _, ok in pairs), dtype=bool, count=len(pairs)),
+        )
+
+    def reads_covering(self, first: int, stop: int) -> List[Segment]:
+        """Segments of shards covering sequence positions ``[first, stop)``, in reading order."""
         segments = []
-        slot = int(np.searchsorted(self._sequence_ends, start, side="right"))
-        pos = start
+        slot = int(np.searchsorted(self._sequence_ends, first, side="right"))
+        pos = first
         while pos < stop:
             shard = int(self.shard_order[slot])
             end = int(self._sequence_ends[slot])
@@ -262,41 +350,24 @@ class EpochPlan:
             slot += 1
         return segments
 
-    def _valid_order(self, v: int) -> Iterator[int]:
-        start, stop = self.spec.worker_span(v)
-        if not self.spec.shuffle:
-            return iter(range(start, stop))
-        order = buffer_shuffle_order(stop - start, self.spec.shuffle_buffer, self.spec.seed, self.epoch, v)
-        return (start + x for x in order)
-
-    def iter_worker_order(self, v: int) -> Iterator[Tuple[int, bool]]:
-        """(epoch position, valid) of every slot worker ``v`` fills this epoch, in order."""
-        count = 0
-        last = None
-        for pos in self._valid_order(v):
-            yield pos, True
-            last = pos
-            count += 1
-        total = self.spec.steps_per_epoch * self.spec.mini_batch
-        pad = last if last is not None else self.pad_position(v)
-        for _ in range(total - count):
-            yield pad, False
-
-    def worker_order(self, v: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Arrays of epoch positions and valid flags, ``steps * mini_batch`` long."""
-        pairs = list(self.iter_worker_order(v))
-        return (
-            np.fromiter((p for p, _ in pairs), dtype=np.int64, count=len(pairs)),
-            np.fromiter((ok for _, ok in pairs), dtype=bool, count=len(pairs)),
-        )
+    def worker_reads(self, v: int) -> List[Segment]:
+        """The stretch of samples worker ``v`` reads under this plan (from step 0), as segments in
+        reading order: its run, or the one sample it pads with if its run is empty."""
+        start, stop = self.worker_span(v)
+        if stop == start:
+            pad = self.pad_position(v)
+            return self.reads_covering(pad, pad + 1)
+        if self.subset is None:
+            return self.reads_covering(start, stop)
+        return self.reads_covering(int(self.subset[start]), int(self.subset[stop - 1]) + 1)
 
     def rank_batches(self, rank: int) -> Tuple[np.ndarray, np.ndarray]:
-        """``__index__`` and ``__valid__`` of every slot of ``rank``'s batches: two
-        ``(steps, batch_size)`` arrays -- what that rank's pipeline delivers this epoch."""
+        """``__index__`` and ``__valid__`` of every slot of ``rank``'s batches under this plan (from
+        step 0): two ``(steps, batch_size)`` arrays -- what that rank's pipeline delivers."""
         spec = self.spec
         if not 0 <= rank < spec.world_size:
             raise IndexError(f"rank {rank} outside 0..{spec.world_size - 1}")
-        steps, m = spec.steps_per_epoch, spec.mini_batch
+        steps, m = self.steps, spec.mini_batch
         index = np.empty((steps, spec.batch_size), dtype=np.int64)
         valid = np.empty((steps, spec.batch_size), dtype=bool)
         for w in range(spec.num_workers):
@@ -304,6 +375,21 @@ class EpochPlan:
             index[:, w * m : (w + 1) * m] = self.canonical_index(pos).reshape(steps, m)
             valid[:, w * m : (w + 1) * m] = ok.reshape(steps, m)
         return index, valid
+
+    # -- progress ------------------------------------------------------------------------
+    def consumed(self, steps: int) -> np.ndarray:
+        """Sequence positions delivered as valid in this plan's first ``steps`` steps (all ranks)."""
+        m = self.spec.mini_batch
+        out = []
+        for v in range(self.spec.num_virtual_workers):
+            valid = min(self.worker_valid_count(v), steps * m)
+            out.extend(itertools.islice(self._valid_order(v), valid))
+        return np.sort(np.asarray(out, dtype=np.int64))
+
+    def remaining(self, steps: int) -> np.ndarray:
+        """Sorted sequence positions of the plan's samples not delivered in its first ``steps`` steps."""
+        everything = np.arange(self.spec.num_samples, dtype=np.int64) if self.subset is None else self.subset
+        return np.setdiff1d(everything, self.consumed(steps), assume_unique=True)
 
 
 def plan_epoch(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Dict, List, Sequence
 
@@ -11,6 +12,7 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from .pipeline import pipeline_info
+from .resume import resume_point
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,12 @@ class DALIShardedIterator(DALIGenericIterator):
       ``next()`` starts the next epoch (with its new shuffle). ``reset()`` or a new ``iter()``
       in the middle of an epoch finishes that epoch first (the rest is read and discarded), so
       the workers never fall out of step with the plan.
+    - ``state_dict()`` is a small JSON-able dict saying where the epoch stands (the same on every
+      rank); ``load_state_dict()`` restarts the pipeline there. To resume under the same ranks and
+      workers, the epoch continues exactly as it would have; under others, the samples not yet
+      delivered are planned over the new layout. Loading a state restarts the pipeline's worker
+      processes: do it before CUDA is initialised, or use ``py_start_method="spawn"``, or pass
+      the state to the pipeline itself (``train(resume_from=state)``).
 
     Each ``next()`` returns a list with one dict (name -> tensor), like ``DALIGenericIterator``.
     """
@@ -40,30 +48,44 @@ class DALIShardedIterator(DALIGenericIterator):
         dynamic_shape: bool = False,
         prepare_first_batch: bool = True,
     ):
-        info = pipeline_info(pipeline)
         if keep_padding and mask_name in output_map:
             raise ValueError(f"mask_name {mask_name!r} clashes with an output name; choose another")
-        self.info = info
         self.keep_padding = keep_padding
         self.mask_name = mask_name
-        self.epoch = info.start_epoch
-        self._step = 0
-        super().__init__(
-            [pipeline],
-            list(output_map),
-            size=-1,
-            auto_reset=False,
-            dynamic_shape=dynamic_shape,
-            prepare_first_batch=prepare_first_batch,
+        self._output_names = list(output_map)
+        self._iterator_options = dict(dynamic_shape=dynamic_shape, prepare_first_batch=prepare_first_batch)
+        self._attach(pipeline)
+
+    def _attach(self, pipeline: Pipeline) -> None:
+        self.info = pipeline_info(pipeline)
+        self.epoch = self.info.start_epoch
+        self._step = self.info.plan(self.epoch).start_step
+        DALIGenericIterator.__init__(
+            self, [pipeline], self._output_names, size=-1, auto_reset=False, **self._iterator_options
         )
 
     @property
     def step(self) -> int:
-        """Batches already returned in the current epoch."""
+        """Batches of the current epoch returned so far (after a resume with the same layout, those
+        returned before the save included)."""
         return self._step
 
     def __len__(self) -> int:
-        return self.info.steps_per_epoch
+        """Batches in the current epoch (after an elastic resume: in what was left of it)."""
+        return self.info.plan(self.epoch).steps
+
+    def state_dict(self) -> Dict:
+        """Where the epoch stands: a small JSON-able dict, the same on every rank."""
+        return self.info.state(self.epoch, self._step)
+
+    def load_state_dict(self, state: Dict) -> None:
+        """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
+        resume_point(self.info.spec, state)  # refuse an incompatible state before stopping anything
+        rebuild = self.info.rebuild
+        self._pipes = []
+        self._first_batch = None
+        gc.collect()  # the old pipeline's worker processes stop when it is collected
+        self._attach(rebuild(resume_from=state))
 
     def __next__(self) -> List[Dict[str, torch.Tensor]]:
         try:
@@ -76,14 +98,14 @@ class DALIShardedIterator(DALIGenericIterator):
         return [self._apply_mask(batches[0], step)]
 
     def __iter__(self) -> "DALIShardedIterator":
-        if self._step:
+        if self._step > self.info.plan(self.epoch).start_step:
             self.reset()
         return self
 
     def reset(self) -> None:
         """Finish the current epoch (reading and discarding what is left of it) and get ready for
         the next one. Does nothing at the start of an epoch."""
-        if self._step == 0:
+        if self._step == self.info.plan(self.epoch).start_step:
             return
         left = 0
         while True:
@@ -99,10 +121,10 @@ class DALIShardedIterator(DALIGenericIterator):
     def _end_epoch(self) -> None:
         DALIGenericIterator.reset(self)
         self.epoch += 1
-        self._step = 0
+        self._step = self.info.plan(self.epoch).start_step
 
     def _apply_mask(self, batch: Dict[str, torch.Tensor], step: int) -> Dict[str, torch.Tensor]:
-        mask = self.info.spec.valid_mask(self.info.rank, step)
+        mask = self.info.plan(self.epoch).valid_mask(self.info.rank, step)
         if self.keep_padding:
             first = next(iter(batch.values()), None)
             device = first.device if first is not None else torch.device("cpu")

@@ -83,6 +83,7 @@ class TarReader:
         self.url = url
         self._pos = 0
         self._seekable = bool(getattr(stream, "seekable", lambda: False)())
+        self.samples_seen = 0  # sample positions ``samples()`` has passed (selected or not)
 
     # -- low level -----------------------------------------------------------------------
     def _read_exact(self, n: int, what: str) -> bytes:
@@ -264,13 +265,15 @@ class TarReader:
         stop: Optional[int] = None,
         read: bool = True,
         into: Optional[Destination] = None,
+        select: Optional[Callable[[int], bool]] = None,
     ) -> Iterator[RawSample]:
-        """Samples at positions ``[start, stop)`` in tar order, with the data of the members whose
-        extension is in ``want`` (all if None), read where ``into`` says (default: new bytes
-        objects). Earlier samples are passed over by their headers alone, as is every sample with
-        ``read=False``."""
+        """Samples at positions ``[start, stop)`` in tar order (only those ``select`` accepts, if
+        given), with the data of the members whose extension is in ``want`` (all if None), read
+        where ``into`` says (default: new bytes objects). Other samples are passed over by their
+        headers alone, as is every sample with ``read=False``."""
         current: Optional[RawSample] = None
         position = -1
+        taking = False
         key_ext = _KEY_EXT.match
         next_member, skip_data, read_data, read_into = self.next_member, self.skip_data, self.read_data, self.read_into
         while True:
@@ -284,12 +287,15 @@ class TarReader:
                 continue
             key, ext = m.group(1), m.group(2).lower()
             if current is None or key != current.key:
-                if current is not None and position >= start:
+                if current is not None and taking:
                     yield current
                 position += 1
                 if stop is not None and position >= stop:
+                    self.samples_seen = position
                     return
+                self.samples_seen = position + 1
                 current = RawSample(key, position, self.url)
+                taking = position >= start and (select is None or select(position))
             if ext in current.extensions:
                 raise ShardFormatError(
                     self.url,
@@ -298,12 +304,12 @@ class TarReader:
                     hint="each sample may hold one file per extension; fix the shard writer",
                 )
             current.extensions.append(ext)
-            if read and position >= start and (want is None or ext in want):
+            if read and taking and (want is None or ext in want):
                 buffer = into(current, ext, member.size) if into is not None else None
                 current.data[ext] = read_data(member) if buffer is None else read_into(member, buffer)
             else:
                 skip_data(member)
-        if current is not None and position >= start:
+        if current is not None and taking:
             yield current
 
 

@@ -11,7 +11,7 @@ imports no DALI.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ShardFormatError
 from .layout import EMPTY, Packed, SampleLayout, table_slot
@@ -36,6 +36,7 @@ class WorkerSource:
         rank: int,
         worker: int,
         start_epoch: int = 0,
+        resume_plan: Optional[EpochPlan] = None,
     ):
         if len(urls) != len(spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
@@ -46,6 +47,7 @@ class WorkerSource:
         self.worker = worker
         self.virtual_worker = rank * spec.num_workers + worker
         self.start_epoch = start_epoch
+        self.resume_plan = resume_plan
         self._pid: Optional[int] = None
         self._epoch = start_epoch
 
@@ -56,6 +58,12 @@ class WorkerSource:
         else:
             self._epoch += 1
         return EpochBatches(self, self._epoch)
+
+    def plan_for(self, epoch: int) -> EpochPlan:
+        """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
+        if self.resume_plan is not None and self.resume_plan.epoch == epoch:
+            return self.resume_plan
+        return self.spec.epoch(epoch)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -70,6 +78,7 @@ class EpochBatches:
         self.source = source
         self.epoch = epoch
         self._step = 0
+        self._steps = 0
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
         self._samples: Optional[Iterator[Tuple[int, Packed]]] = None
         self._pending: Dict[int, Packed] = {}
@@ -82,10 +91,14 @@ class EpochBatches:
         src = self.source
         spec = src.spec
         if self._order is None:
-            plan = spec.epoch(self.epoch)
-            self._order = plan.iter_worker_order(src.virtual_worker)
-            self._samples = _read_segments(plan, plan.worker_reads(src.virtual_worker), src.urls, src.layout)
-        if self._step >= spec.steps_per_epoch:
+            plan = src.plan_for(self.epoch)
+            emissions = plan.worker_emissions(src.virtual_worker)
+            self._steps = plan.steps - plan.start_step
+            self._order = iter(emissions)
+            needed = {pos for pos, _ in emissions}
+            reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
+            self._samples = _read_segments(plan, reads, src.urls, src.layout, needed.__contains__)
+        if self._step >= self._steps:
             self._close()
             raise StopIteration
         m = spec.mini_batch
@@ -130,23 +143,31 @@ class EpochBatches:
 
 
 def _read_segments(
-    plan: EpochPlan, segments: List[Segment], urls: Sequence[str], layout: SampleLayout
+    plan: EpochPlan,
+    segments: List[Segment],
+    urls: Sequence[str],
+    layout: SampleLayout,
+    needed: Callable[[int], bool],
 ) -> Iterator[Tuple[int, Packed]]:
-    """(epoch position, packed sample) of every sample in ``segments``, in reading order."""
+    """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
+    the others are passed over by their headers."""
     for seg in segments:
         url = urls[seg.shard]
         offset = int(plan.canonical_starts[seg.shard])
-        position = seg.position
-        read = seg.first
+        base = seg.position - seg.first  # sequence position of the shard's sample 0
         with open_shard(url) as stream:
-            samples = TarReader(stream, url).samples(
-                layout.extensions, start=seg.first, stop=seg.stop, into=layout.destination
+            reader = TarReader(stream, url)
+            samples = reader.samples(
+                layout.extensions,
+                start=seg.first,
+                stop=seg.stop,
+                into=layout.destination,
+                select=lambda local, base=base: needed(base + local),
             )
             for sample in samples:
-                yield position, layout.pack(sample, offset + sample.position)
-                position += 1
-                read += 1
-        if read != seg.stop:
+                yield base + sample.position, layout.pack(sample, offset + sample.position)
+        read = reader.samples_seen
+        if read < seg.stop:
             raise ShardFormatError(
                 url,
                 f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned (sample {read} is missing)",

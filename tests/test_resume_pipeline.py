@@ -1,0 +1,134 @@
+"""Resuming real pipelines: states at the first step, mid-epoch, the last step and the epoch's end."""
+
+from collections import Counter
+
+import pytest
+from nvidia.dali import fn
+
+from dali_shards import ConfigError, decode_image, sharded_pipeline
+from dali_shards.pytorch import DALIShardedIterator
+
+WORLD, WORKERS, BATCH = 2, 2, 6  # 47 photos: 4 steps per epoch, one padded slot
+
+
+def make(pattern, **kw):
+    options = dict(
+        batch_size=BATCH,
+        py_num_workers=WORKERS,
+        world_size=WORLD,
+        shuffle=True,
+        seed=11,
+        shuffle_buffer=5,
+        num_threads=1,
+        device_id=None,
+    )
+    options.update(kw)
+
+    @sharded_pipeline(pattern, fields=("jpg", "__index__"), **options)
+    def train(jpg, index):
+        return fn.resize(decode_image(jpg), size=(16, 16)), index
+
+    return train
+
+
+def batches(it, limit=None):
+    """(epoch, step, indices) of each batch, up to ``limit`` batches."""
+    out = []
+    for _ in range(limit if limit is not None else 10**9):
+        try:
+            (batch,) = next(it)
+        except StopIteration:
+            if limit is None:
+                break
+            continue
+        out.append((it.epoch, it.step - 1, batch["index"].tolist()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(photo_shards):
+    """Two epochs of each rank's batches, in one go."""
+    train = make(photo_shards["pattern"])
+    runs = {}
+    for rank in range(WORLD):
+        it = DALIShardedIterator(train(rank=rank), ["image", "index"])
+        assert len(it) == 4
+        runs[rank] = batches(it, 4) + batches(it, 5)  # epoch 0; then StopIteration and epoch 1
+        assert [b[0] for b in runs[rank]] == [0] * 4 + [1] * 4
+    return runs
+
+
+@pytest.mark.parametrize("consumed", [0, 1, 2, 3, 4, "epoch end"])
+def test_state_round_trips_at_every_point(photo_shards, uninterrupted, consumed):
+    train = make(photo_shards["pattern"])
+    states = []
+    for rank in range(WORLD):
+        it = DALIShardedIterator(train(rank=rank), ["image", "index"])
+        if consumed == "epoch end":
+            batches(it, 5)  # 4 batches and the StopIteration
+        else:
+            batches(it, consumed)
+        states.append(it.state_dict())
+        del it
+    assert states[0] == states[1], "the state is the same on every rank"
+    state = states[0]
+    done = 4 if consumed == "epoch end" else consumed
+    for rank in range(WORLD):
+        resumed = DALIShardedIterator(train(rank=rank, resume_from=state), ["image", "index"])
+        # the rest of epoch 0 and its StopIteration (unless the state is already at epoch 1), then epoch 1
+        after = batches(resumed, (4 - done + 1 if done < 4 else 0) + 4)
+        want = uninterrupted[rank][done:]
+        assert after == want, f"rank {rank} after {consumed}"
+
+
+def test_load_state_dict_on_a_fresh_iterator(photo_shards, uninterrupted):
+    train = make(photo_shards["pattern"])
+    it = DALIShardedIterator(train(rank=1), ["image", "index"])
+    batches(it, 2)
+    state = it.state_dict()
+    fresh = DALIShardedIterator(train(rank=1), ["image", "index"])
+    fresh.load_state_dict(state)
+    assert fresh.epoch == 0 and fresh.step == 2 and len(fresh) == 4
+    assert batches(fresh, 7) == uninterrupted[1][2:]
+
+
+def test_elastic_resume_on_another_layout(photo_shards):
+    train = make(photo_shards["pattern"])
+    seen = Counter()
+    states = []
+    for rank in range(WORLD):
+        it = DALIShardedIterator(train(rank=rank), ["image", "index"])
+        for _, _, idx in batches(it, 2):
+            seen.update(idx)
+        states.append(it.state_dict())
+    state = states[0]
+    # resume the rest of the epoch on 3 ranks x 1 worker, batch 3
+    steps = []
+    new = make(photo_shards["pattern"], world_size=3, py_num_workers=1, batch_size=3)
+    epoch1 = []
+    for rank in range(3):
+        it = DALIShardedIterator(new(rank=rank, resume_from=state), ["image", "index"])
+        rest = batches(it)  # the rest of epoch 0
+        steps.append(len(rest))
+        for _, _, idx in rest:
+            seen.update(idx)
+        assert len(it) == 6 and it.epoch == 1  # the next epoch follows the new layout: ceil(47 / 9)
+        epoch1 += [i for _, _, idx in batches(it) for i in idx]
+    assert len(set(steps)) == 1, "equal steps on the new ranks"
+    assert sorted(seen) == list(range(47)) and max(seen.values()) == 1, "the epoch, exactly once"
+    assert sorted(epoch1) == list(range(47))
+
+
+def test_a_state_of_another_dataset_is_refused(photo_shards, tmp_path):
+    from dali_shards.sample_data import write_sample_shards
+
+    train = make(photo_shards["pattern"])
+    it = DALIShardedIterator(train(rank=0), ["image", "index"])
+    batches(it, 1)
+    state = it.state_dict()
+    write_sample_shards(str(tmp_path), shard_sizes=(20, 20))
+    other = make(str(tmp_path / "sample-*.tar"))
+    with pytest.raises(ConfigError, match="another dataset"):
+        other(rank=0, resume_from=state)
+    with pytest.raises(ConfigError, match="another dataset"):
+        DALIShardedIterator(other(rank=0), ["image", "index"]).load_state_dict(state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Optional
 
 
@@ -48,3 +50,34 @@ class ShardFormatError(ShardError, ValueError):
 
 class ShardAccessError(ShardError, OSError):
     """A shard cannot be opened or read (missing file, permissions, I/O failure)."""
+
+
+class WorkerError(DaliShardsError, RuntimeError):
+    """A worker process of a sharded pipeline failed or died; says which and what to do."""
+
+
+_SHARD_MESSAGE = re.compile(
+    r"shard ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")(?:, sample ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?: "
+    r"(.*?)(?:\. What to do: (.*))?$",
+    re.DOTALL,
+)
+_CLASSES = {"ShardError": ShardError, "ShardFormatError": ShardFormatError, "ShardAccessError": ShardAccessError}
+
+
+def from_worker(exc: BaseException) -> Optional[ShardError]:
+    """The dali_shards error a worker raised, rebuilt from the exception DALI re-raises in the
+    main process (DALI sends only the text), or None if it is not one of ours."""
+    text = ""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is not None:
+            text += "\n" + str(e)
+    match = re.search(r"dali_shards\.errors\.(Shard\w*Error): ", text)
+    if match is None:
+        return None
+    message = text[match.end() :].strip().splitlines()
+    body = _SHARD_MESSAGE.match("\n".join(message))
+    if body is None:
+        return None
+    url = ast.literal_eval(body.group(1))
+    key = ast.literal_eval(body.group(2)) if body.group(2) else None
+    return _CLASSES.get(match.group(1), ShardError)(url, body.group(3), key=key, hint=body.group(4) or "")

@@ -69,19 +69,22 @@ def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> 
         elif spec.kind in ("bytes", "key"):
             out.append(_cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2]))
         elif spec.kind == "valid":
-            out.append(fn.cast(header[spec.slot], dtype=types.BOOL))
+            out.append(header[spec.slot] == 1)  # status: 1 valid, 0 padding, -1 skipped
         else:
             out.append(header[spec.slot])
     return out
 
 
-def assemble_fields(outputs: Sequence[DataNode], layout: SampleLayout, batch_size: int) -> List[DataNode]:
-    """The requested fields, in the layout's order, from the workers' external-source outputs:
-    byte fields as 1-D uint8, ``.cls`` and ``__index__`` as int64 scalars, ``__valid__`` bool."""
+def assemble_fields(
+    outputs: Sequence[DataNode], layout: SampleLayout, batch_size: int
+) -> Tuple[List[DataNode], DataNode]:
+    """The requested fields, in the layout's order, from the workers' external-source outputs
+    (byte fields as 1-D uint8, ``.cls`` and ``__index__`` as int64 scalars, ``__valid__`` bool),
+    and each slot's ``[index, status]`` (int64) for the iterator."""
     if not layout.table:
         (blob,) = outputs
         header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=types.INT64)
-        return _fields(header, blob, None, layout)
+        return _fields(header, blob, None, layout), header[0:2]
     num_workers = len(outputs)
     mini_batch = batch_size // num_workers
     tables = [
@@ -93,4 +96,4 @@ def assemble_fields(outputs: Sequence[DataNode], layout: SampleLayout, batch_siz
     rows = fn.external_source(source=RowOffsets(num_workers, mini_batch, layout.header_bytes), batch=True)
     row = _cut(table, rows, np.array([layout.header_bytes], dtype=np.int32))
     header = fn.reinterpret(row, dtype=types.INT64)
-    return _fields(header, table, payload, layout)
+    return _fields(header, table, payload, layout), header[0:2]

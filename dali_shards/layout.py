@@ -11,9 +11,11 @@ slowly, so each batch slot carries one array, and the large field (``jpg``) trav
 - *packed* layout (one worker, no padding slot to spare): a sample's slot holds one array, its
   header row followed by the bytes of all its byte fields.
 
-Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its ``__valid__`` flag, then per field:
-``.cls``-like fields one slot (the integer), byte fields other than the payload two (offset and
-length, in the table or the packed array).
+Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its status (1 valid, 0 padding, -1 a
+sample skipped with ``on_error="skip"``; ``__valid__`` is status == 1), then per field: ``.cls``-like
+fields one slot (the integer), byte fields other than the payload two (offset and length, in the
+table or the packed array). A padding slot carries a real sample and its index; a skipped slot
+carries a real sample (to keep decoders fed) and the skipped sample's index.
 """
 
 from __future__ import annotations
@@ -30,7 +32,54 @@ KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
 SPECIAL_FIELDS = (KEY, INDEX, VALID)
 INT_EXTENSIONS = frozenset({"cls"})
 INDEX_SLOT, VALID_SLOT = 0, 1
+STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
+IMAGE_EXTENSIONS = frozenset(
+    {
+        "jpg",
+        "jpeg",
+        "png",
+        "gif",
+        "bmp",
+        "tif",
+        "tiff",
+        "webp",
+        "jp2",
+        "j2k",
+        "pnm",
+        "ppm",
+        "pgm",
+        "pbm",
+        "avif",
+        "heic",
+    }
+)
+_IMAGE_SIGNATURES = (
+    b"\xff\xd8\xff",
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    b"II*\x00",
+    b"MM\x00*",
+    b"\x00\x00\x00\x0cjP  ",
+    b"\xff\x4f\xff\x51",
+    b"P1",
+    b"P2",
+    b"P3",
+    b"P4",
+    b"P5",
+    b"P6",
+)
+
+
+def looks_like_image(head: bytes) -> bool:
+    """True if ``head`` (a file's first bytes) starts like an image DALI's decoders read."""
+    return (
+        head.startswith(_IMAGE_SIGNATURES)
+        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+        or head[4:8] == b"ftyp"  # AVIF / HEIC
+    )
 
 
 def table_slot(worker: int, num_workers: int, mini_batch: int) -> int:
@@ -62,15 +111,23 @@ class Packed:
         self.blob = blob
 
     def as_padding(self) -> "Packed":
-        """The same sample with ``__valid__`` false (the header is copied, the data shared)."""
+        """The same sample marked padding (the header is copied, the data shared)."""
+        return self._marked(STATUS_PADDING, None)
+
+    def as_skipped(self, index: int) -> "Packed":
+        """This (real) sample standing in for skipped sample ``index``."""
+        return self._marked(STATUS_SKIPPED, index)
+
+    def _marked(self, status: int, index) -> "Packed":
         if self.blob is not None:
             blob = self.blob.copy()
             header = blob[: self.header.nbytes].view(np.int64)
-            header[VALID_SLOT] = 0
-            return Packed(header, blob=blob)
-        header = self.header.copy()
-        header[VALID_SLOT] = 0
-        return Packed(header, self.payload, self.parts)
+        else:
+            blob, header = None, self.header.copy()
+        header[VALID_SLOT] = status
+        if index is not None:
+            header[INDEX_SLOT] = index
+        return Packed(header, self.payload, self.parts, blob)
 
 
 class SampleLayout:
@@ -151,7 +208,10 @@ class SampleLayout:
         return None
 
     def pack(self, sample: RawSample, index: int) -> Packed:
-        """A sample read from a shard, ready for batching, marked valid."""
+        """A sample read from a shard, ready for batching, marked valid; raises ShardFormatError
+        (naming the shard and the sample) if it lacks a field or holds bad data."""
+        if sample.error:
+            raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
         parts: List[Tuple[int, bytes]] = []
         ints = []
         payload = None
@@ -238,6 +298,13 @@ class SampleLayout:
         for ext in spec.extensions:
             data = sample.data.get(ext)
             if data is not None:
+                if ext in IMAGE_EXTENSIONS and not looks_like_image(bytes(data[:12])):
+                    raise ShardFormatError(
+                        sample.url,
+                        f"member {sample.key}.{ext} is not an image (it starts with {bytes(data[:8])!r})",
+                        key=sample.key,
+                        hint="re-encode or remove the sample, or pass on_error='skip' to skip such samples",
+                    )
                 return data
         present = ", ".join(sample.extensions) or "none"
         raise ShardFormatError(

@@ -12,15 +12,18 @@ size and its member bytes per extension::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError, ShardAccessError
+from .errors import ConfigError, ShardAccessError, ShardError
 from .storage import local_path, open_shard, shard_size
-from .tarformat import ShardStats, scan_tar
+from .tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
+
+log = logging.getLogger("dali_shards")
 
 MANIFEST_FORMAT = "dali-shards-manifest"
 MANIFEST_VERSION = 1
@@ -52,24 +55,69 @@ def _cache_key(url: str) -> Optional[Tuple[str, int, int]]:
     return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
-def scan_shard(url: str) -> ShardInfo:
-    """Count a shard's samples from its tar headers (member data is seeked over, not read)."""
+def scan_shard(url: str, on_error: str = "raise") -> ShardInfo:
+    """Count a shard's samples from its tar headers (member data is seeked over, not read).
+
+    With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
+    that cannot be opened counts none (both with a warning)."""
     key = _cache_key(url)
     with _scan_lock:
         cached = _scan_cache.get(key) if key else None
     if cached is None:
-        with open_shard(url) as stream:
-            cached = scan_tar(stream, url)
+        try:
+            with open_shard(url) as stream:
+                cached = scan_tar(stream, url)
+        except (ShardError, OSError, EOFError) as exc:
+            if on_error == "raise":
+                raise
+            cached = _readable_prefix(url)
+            log.warning("dali_shards: shard %s is damaged (%s); using its first %d samples", url, exc, cached.samples)
+            key = None  # do not cache a damaged shard's count
         if key:
             with _scan_lock:
                 _scan_cache[key] = cached
     return ShardInfo(url, cached.samples, shard_size(url), dict(cached.ext_bytes))
 
 
-def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
+def _readable_prefix(url: str) -> ShardStats:
+    """The complete samples of a damaged shard before the damage: a sample is complete once a
+    header of the next one has been read."""
+    stats = ShardStats()
+    pending: dict = {}
+    key = None
+    try:
+        with open_shard(url) as stream:
+            reader = TarReader(stream, url)
+            while True:
+                member = reader.next_member()
+                if member is None:
+                    break
+                k, ext = split_key(member.name)
+                if k is not None and not is_metadata(member.name):
+                    if k != key:
+                        if key is not None:
+                            stats.samples += 1
+                            for e, n in pending.items():
+                                stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
+                        key, pending = k, {}
+                    pending[ext] = pending.get(ext, 0) + member.size
+                reader.skip_data(member)
+    except Exception:  # noqa: BLE001 - the damage itself: the sample being read is left out
+        return stats
+    if key is not None:
+        stats.samples += 1
+        for e, n in pending.items():
+            stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
+    return stats
+
+
+def scan_shards(urls: Sequence[str], max_threads: int = 16, on_error: str = "raise") -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
     missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
-    if missing:
+    if missing and on_error == "skip":
+        for u in missing:
+            log.warning("dali_shards: shard %s not found; skipping it", u)
+    elif missing:
         more = (
             f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})"
             if len(missing) > 1
@@ -77,9 +125,9 @@ def scan_shards(urls: Sequence[str], max_threads: int = 16) -> List[ShardInfo]:
         )
         raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
     if len(urls) <= 1:
-        return [scan_shard(u) for u in urls]
+        return [scan_shard(u, on_error) for u in urls]
     with ThreadPoolExecutor(max_workers=min(max_threads, len(urls))) as pool:
-        return list(pool.map(scan_shard, urls))
+        return list(pool.map(lambda u: scan_shard(u, on_error), urls))
 
 
 def read_manifest(path: str) -> List[ShardInfo]:

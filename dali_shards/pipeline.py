@@ -18,7 +18,7 @@ import numpy as np
 from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline, pipeline_def
 
-from .distributed import default_device_id, resolve_world
+from .distributed import check_start_method, default_device_id, resolve_world
 from .errors import ConfigError
 from .graph import assemble_fields
 from .layout import SampleLayout
@@ -26,7 +26,7 @@ from .manifest import ShardInfo
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec
 from .resume import make_state, resume_point
 from .shardlist import Source, resolve_source
-from .worker_source import WorkerSource
+from .worker_source import ON_ERROR, WorkerSource
 
 _OPTIONS = (
     "source",
@@ -42,6 +42,7 @@ _OPTIONS = (
     "start_epoch",
     "worker_prefetch",
     "resume_from",
+    "on_error",
 )
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
 
@@ -63,6 +64,9 @@ class ShardedPipelineInfo:
     resume_plan: Optional[EpochPlan] = None
     resume_prior: Tuple[Dict[str, Any], ...] = ()
     rebuild: Optional[Callable[..., Pipeline]] = field(default=None, compare=False, repr=False)
+    on_error: str = "raise"
+    outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the function's outputs
+    slot_status: Any = field(default=None, compare=False, repr=False)  # [index, status] per slot
 
     @property
     def steps_per_epoch(self) -> int:
@@ -150,7 +154,10 @@ def build_sharded_pipeline(
     batch_size = options["batch_size"]
     if not isinstance(num_workers, int) or num_workers < 1:
         raise ConfigError(f"py_num_workers must be a positive integer, got {num_workers!r}")
-    shards = tuple(resolve_source(options["source"]))
+    on_error = options.get("on_error", "raise")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    shards = tuple(resolve_source(options["source"], on_error=on_error))
     layout = choose_layout(options["fields"], shards, num_workers)
     seed = int(options.get("seed", 0))
     spec = PlanSpec(
@@ -168,9 +175,13 @@ def build_sharded_pipeline(
     if options.get("resume_from") is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, options["resume_from"])
     urls = [s.url for s in shards]
-    sources = [WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan) for w in range(num_workers)]
+    sources = [
+        WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan, on_error) for w in range(num_workers)
+    ]
     hint = _bytes_per_sample_hint(shards, layout, num_workers)
     prefetch = int(options.get("worker_prefetch", 2))
+
+    captured: Dict[str, Any] = {}
 
     def graph():
         outputs = [
@@ -184,8 +195,13 @@ def build_sharded_pipeline(
             )
             for s in sources
         ]
-        return func(*assemble_fields(outputs, layout, batch_size), *fn_args, **fn_kwargs)
+        fields, slot_status = assemble_fields(outputs, layout, batch_size)
+        result = func(*fields, *fn_args, **fn_kwargs)
+        captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
+        captured["slot_status"] = slot_status
+        return result
 
+    check_start_method(pipeline_kwargs.get("py_start_method", "fork"))
     kwargs = {"batch_size": batch_size, "py_num_workers": num_workers, "seed": _pipeline_seed(seed, rank)}
     if "device_id" not in pipeline_kwargs:
         kwargs["device_id"] = default_device_id()
@@ -198,7 +214,18 @@ def build_sharded_pipeline(
         return build_sharded_pipeline(func, {**options, **overrides}, pipeline_kwargs, fn_args, fn_kwargs)
 
     pipe.dali_shards = ShardedPipelineInfo(
-        spec, rank, start_epoch, shards, layout, PLAN_VERSION, resume_plan, tuple(resume_prior), rebuild
+        spec,
+        rank,
+        start_epoch,
+        shards,
+        layout,
+        PLAN_VERSION,
+        resume_plan,
+        tuple(resume_prior),
+        rebuild,
+        on_error,
+        captured["outputs"],
+        captured["slot_status"],
     )
     return pipe
 
@@ -218,6 +245,7 @@ def sharded_pipeline(
     start_epoch: int = 0,
     worker_prefetch: int = 2,
     resume_from: Optional[Dict[str, Any]] = None,
+    on_error: str = "raise",
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
@@ -259,6 +287,7 @@ def sharded_pipeline(
         "start_epoch": start_epoch,
         "worker_prefetch": worker_prefetch,
         "resume_from": resume_from,
+        "on_error": on_error,
     }
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:

@@ -47,8 +47,9 @@ def expand_pattern(pattern: str) -> List[str]:
     return urls
 
 
-def resolve_source(source: Source) -> List[ShardInfo]:
-    """The shards of ``source`` with their sample counts (manifest, else a header scan)."""
+def resolve_source(source: Source, on_error: str = "raise") -> List[ShardInfo]:
+    """The shards of ``source`` with their sample counts (manifest, else a header scan; with
+    ``on_error="skip"`` damaged or missing shards count what can be read)."""
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not items:
         raise ConfigError("source is empty: give a shard pattern, a list of shards or a manifest")
@@ -64,7 +65,7 @@ def resolve_source(source: Source) -> List[ShardInfo]:
             slots.append(len(shards))
             shards.append(ShardInfo(url, -1))
             to_scan.append(url)
-    for slot, info in zip(slots, scan_shards(to_scan)):
+    for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error)):
         shards[slot] = info
     if not shards:
         raise ConfigError(f"source {source!r} names no shards")

@@ -64,6 +64,8 @@ class RawSample:
     data: Dict[str, Any] = field(default_factory=dict)
     extensions: list = field(default_factory=list)
     extra: Any = None
+    error: Optional[str] = None  # what is wrong with the sample, if anything (e.g. a duplicate member)
+    hint: str = ""
 
 
 # Where to read a member's data: given (sample, extension, size), a writable buffer of that size,
@@ -83,6 +85,11 @@ class TarReader:
         self.url = url
         self._pos = 0
         self._seekable = bool(getattr(stream, "seekable", lambda: False)())
+        self._size = None  # known for seekable streams: a skip past it means the shard was cut short
+        if self._seekable:
+            here = stream.tell()
+            self._size = stream.seek(0, 2)
+            stream.seek(here)
         self.samples_seen = 0  # sample positions ``samples()`` has passed (selected or not)
 
     # -- low level -----------------------------------------------------------------------
@@ -102,6 +109,12 @@ class TarReader:
             return
         if self._seekable:
             self._pos += n
+            if self._pos > self._size:
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: {what} ends at byte {self._pos}, past the end ({self._size} bytes)",
+                    hint=_TRUNCATED_HINT,
+                )
             self._f.seek(self._pos)
             return
         while n > 0:
@@ -270,7 +283,8 @@ class TarReader:
         """Samples at positions ``[start, stop)`` in tar order (only those ``select`` accepts, if
         given), with the data of the members whose extension is in ``want`` (all if None), read
         where ``into`` says (default: new bytes objects). Other samples are passed over by their
-        headers alone, as is every sample with ``read=False``."""
+        headers alone, as is every sample with ``read=False``. A sample with two members of one
+        extension comes with ``error`` set (reading goes on)."""
         current: Optional[RawSample] = None
         position = -1
         taking = False
@@ -297,12 +311,11 @@ class TarReader:
                 current = RawSample(key, position, self.url)
                 taking = position >= start and (select is None or select(position))
             if ext in current.extensions:
-                raise ShardFormatError(
-                    self.url,
-                    f"duplicate member {name!r} in sample {key!r}",
-                    key=key,
-                    hint="each sample may hold one file per extension; fix the shard writer",
-                )
+                if not current.error:
+                    current.error = f"duplicate member {name!r} in sample {key!r}"
+                    current.hint = "each sample may hold one file per extension; fix the shard writer"
+                skip_data(member)
+                continue
             current.extensions.append(ext)
             if read and taking and (want is None or ext in want):
                 buffer = into(current, ext, member.size) if into is not None else None

@@ -10,14 +10,30 @@ imports no DALI.
 
 from __future__ import annotations
 
+import logging
+import lzma
 import os
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+import zlib
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from .errors import ShardFormatError
+from .errors import ShardAccessError, ShardError, ShardFormatError
 from .layout import EMPTY, Packed, SampleLayout, table_slot
 from .planner import EpochPlan, PlanSpec, Segment
 from .storage import open_shard
 from .tarformat import TarReader
+
+
+log = logging.getLogger("dali_shards")
+ON_ERROR = ("raise", "skip")
+
+
+class Skipped(NamedTuple):
+    """A sample that could not be used (``on_error="skip"``): its index, shard, key and why."""
+
+    index: int
+    url: str
+    key: Optional[str]
+    reason: str
 
 
 class WorkerSource:
@@ -37,9 +53,13 @@ class WorkerSource:
         worker: int,
         start_epoch: int = 0,
         resume_plan: Optional[EpochPlan] = None,
+        on_error: str = "raise",
     ):
         if len(urls) != len(spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.on_error = on_error
         self.spec = spec
         self.urls = tuple(urls)
         self.layout = layout
@@ -81,8 +101,9 @@ class EpochBatches:
         self._steps = 0
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
         self._samples: Optional[Iterator[Tuple[int, Packed]]] = None
-        self._pending: Dict[int, Packed] = {}
-        self._last: Tuple[int, Optional[Packed]] = (-1, None)
+        self._pending: Dict[int, Union[Packed, Skipped]] = {}
+        self._last: Tuple[int, Union[Packed, Skipped, None]] = (-1, None)
+        self._good: Optional[Packed] = None  # the last good sample: stands in for skipped ones
 
     def __iter__(self) -> "EpochBatches":
         return self
@@ -97,7 +118,7 @@ class EpochBatches:
             self._order = iter(emissions)
             needed = {pos for pos, _ in emissions}
             reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
-            self._samples = _read_segments(plan, reads, src.urls, src.layout, needed.__contains__)
+            self._samples = _read_segments(plan, reads, src.urls, src.layout, needed.__contains__, src.on_error)
         if self._step >= self._steps:
             self._close()
             raise StopIteration
@@ -109,9 +130,13 @@ class EpochBatches:
         try:
             for i in range(m):
                 pos, valid = next(self._order)
-                packed = self._take(pos)
-                if not valid:
-                    packed = packed.as_padding()
+                item = self._take(pos)
+                if isinstance(item, Skipped):
+                    packed = self._stand_in().as_skipped(item.index) if valid else self._stand_in().as_padding()
+                elif valid:
+                    packed = self._good = item
+                else:
+                    packed = item.as_padding()
                 batch[base + i] = layout.slot_array(packed)
                 samples.append(packed)
         except StopIteration:  # never let a short read end this worker's epoch alone
@@ -124,16 +149,43 @@ class EpochBatches:
         self._step += 1
         return batch
 
-    def _take(self, pos: int) -> Packed:
+    def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:
             return self._last[1]
         pending = self._pending
         while pos not in pending:
-            got, packed = next(self._samples)
-            pending[got] = packed
-        packed = pending.pop(pos)
-        self._last = (pos, packed)
-        return packed
+            got, item = next(self._samples)
+            pending[got] = item
+            if isinstance(item, Skipped):
+                log.warning(
+                    "dali_shards: skipping sample %r of shard %s (index %d): %s",
+                    item.key,
+                    item.url,
+                    item.index,
+                    item.reason,
+                )
+        item = pending.pop(pos)
+        self._last = (pos, item)
+        return item
+
+    def _stand_in(self) -> Packed:
+        """A real sample to fill a skipped sample's slot: the last good one, else the next."""
+        if self._good is None:
+            self._good = next((p for p in self._pending.values() if isinstance(p, Packed)), None)
+        while self._good is None:
+            try:
+                got, item = next(self._samples)
+            except StopIteration:
+                raise ShardFormatError(
+                    self.source.urls[0] if len(self.source.urls) == 1 else "(several)",
+                    f"worker {self.source.virtual_worker} found no readable sample in its part of epoch "
+                    f"{self.epoch} to stand in for the skipped ones",
+                    hint="check the shards with `dali-shards inspect`",
+                ) from None
+            self._pending[got] = item
+            if isinstance(item, Packed):
+                self._good = item
+        return self._good
 
     def _close(self) -> None:
         if self._samples is not None:
@@ -142,35 +194,67 @@ class EpochBatches:
         self._last = (-1, None)
 
 
+def _shard_error(url: str, exc: BaseException) -> ShardError:
+    """A reading failure as an error naming the shard."""
+    if isinstance(exc, ShardError):
+        return exc
+    if isinstance(exc, EOFError):
+        return ShardFormatError(
+            url, f"compressed data ends early ({exc})", hint="the shard was cut short; re-create it"
+        )
+    if isinstance(exc, (zlib.error, lzma.LZMAError)) or "gzip" in str(exc).lower() or "compressed" in str(exc).lower():
+        return ShardFormatError(url, f"corrupt compressed data ({exc})", hint="re-create or re-download the shard")
+    return ShardAccessError(url, f"read error: {exc}", hint="check the storage holding the shard")
+
+
 def _read_segments(
     plan: EpochPlan,
     segments: List[Segment],
     urls: Sequence[str],
     layout: SampleLayout,
     needed: Callable[[int], bool],
-) -> Iterator[Tuple[int, Packed]]:
+    on_error: str = "raise",
+) -> Iterator[Tuple[int, Union[Packed, Skipped]]]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
-    the others are passed over by their headers."""
+    the others are passed over by their headers. With ``on_error="skip"`` a bad sample, or every
+    needed sample left in a shard that cannot be read on, comes as a ``Skipped``."""
     for seg in segments:
         url = urls[seg.shard]
         offset = int(plan.canonical_starts[seg.shard])
         base = seg.position - seg.first  # sequence position of the shard's sample 0
-        with open_shard(url) as stream:
-            reader = TarReader(stream, url)
-            samples = reader.samples(
-                layout.extensions,
-                start=seg.first,
-                stop=seg.stop,
-                into=layout.destination,
-                select=lambda local, base=base: needed(base + local),
-            )
-            for sample in samples:
-                yield base + sample.position, layout.pack(sample, offset + sample.position)
-        read = reader.samples_seen
-        if read < seg.stop:
-            raise ShardFormatError(
-                url,
-                f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned (sample {read} is missing)",
-                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
-                "or restart so it is scanned again",
-            )
+        done = set()
+        try:
+            with open_shard(url) as stream:
+                reader = TarReader(stream, url)
+                samples = reader.samples(
+                    layout.extensions,
+                    start=seg.first,
+                    stop=seg.stop,
+                    into=layout.destination,
+                    select=lambda local, base=base: needed(base + local),
+                )
+                for sample in samples:
+                    position = base + sample.position
+                    try:
+                        item: Union[Packed, Skipped] = layout.pack(sample, offset + sample.position)
+                    except ShardError as exc:
+                        if on_error == "raise":
+                            raise
+                        item = Skipped(offset + sample.position, url, sample.key, exc.detail)
+                    done.add(position)
+                    yield position, item
+            if reader.samples_seen < seg.stop:
+                raise ShardFormatError(
+                    url,
+                    f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned "
+                    f"(sample {reader.samples_seen} is missing)",
+                    hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
+                    "or restart so it is scanned again",
+                )
+        except (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            error = _shard_error(url, exc)
+            if on_error == "raise":
+                raise error from (None if error is exc else exc)
+            for position in range(seg.position, seg.position + seg.stop - seg.first):
+                if needed(position) and position not in done:
+                    yield position, Skipped(offset + position - base, url, None, error.detail)

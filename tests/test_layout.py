@@ -8,6 +8,10 @@ from dali_shards.layout import SampleLayout
 from dali_shards.tarformat import RawSample
 
 
+JPG = b"\xff\xd8\xff\xe0" + b"J" * 996  # image signatures: the layout checks them
+PNG = b"\x89PNG\r\n\x1a\n" + b"P" * 292
+
+
 def sample(key="k1", **data):
     s = RawSample(key, 0, "shard-0.tar")
     for ext, value in data.items():
@@ -60,8 +64,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("kw", LAYOUTS)
 def test_round_trip_of_every_field_kind(kw):
     layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "__valid__", "json"), **kw)
-    packed = layout.pack(sample(png=b"\x89PNG...", cls=b" 281\n", json=b"{}"), index=12345)
-    assert unpack(layout, packed) == [b"\x89PNG...", 281, b"k1", 12345, True, b"{}"]
+    packed = layout.pack(sample(png=PNG, cls=b" 281\n", json=b"{}"), index=12345)
+    assert unpack(layout, packed) == [PNG, 281, b"k1", 12345, True, b"{}"]
     pad = packed.as_padding()
     assert unpack(layout, pad)[4] is False and unpack(layout, packed)[4] is True
     assert unpack(layout, pad)[:4] == unpack(layout, packed)[:4]
@@ -70,11 +74,11 @@ def test_round_trip_of_every_field_kind(kw):
 @pytest.mark.parametrize("kw", LAYOUTS)
 def test_a_table_holds_a_whole_mini_batch(kw):
     layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)
-    samples = [sample(key=f"k{i}", jpg=bytes([i]) * (i + 1), cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
+    samples = [sample(key=f"k{i}", jpg=JPG[:4] + bytes([i]) * i, cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
     packed = [layout.pack(s, 100 + i) for i, s in enumerate(samples)]
     packed[3] = packed[3].as_padding()
     got = unpack_batch(layout, packed)
-    assert got == [[bytes([i]) * (i + 1), i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
+    assert got == [[JPG[:4] + bytes([i]) * i, i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
 
 
 def test_payload_must_be_a_byte_field():
@@ -86,7 +90,7 @@ def test_payload_must_be_a_byte_field():
 
 def test_first_present_alternative_wins():
     layout = SampleLayout(("jpg;png",))
-    assert unpack(layout, layout.pack(sample(jpg=b"J", png=b"P"), 0)) == [b"J"]
+    assert unpack(layout, layout.pack(sample(jpg=JPG, png=PNG), 0)) == [JPG]
 
 
 def test_empty_member_is_an_empty_field():
@@ -97,7 +101,7 @@ def test_empty_member_is_an_empty_field():
 def test_missing_field_names_shard_and_key():
     layout = SampleLayout(("jpg", "cls"))
     with pytest.raises(ShardFormatError) as err:
-        layout.pack(sample(key="000042", jpg=b"x"), 0)
+        layout.pack(sample(key="000042", jpg=JPG), 0)
     assert err.value.url == "shard-0.tar" and err.value.key == "000042"
     assert "'cls'" in str(err.value) and "What to do" in str(err.value)
 
@@ -142,7 +146,7 @@ def test_layout_choice():
 def test_reading_into_place_gives_the_same_sample(kw, order, fields):
     """What the reader does: ask the layout where each member goes, read there, then pack."""
     layout = SampleLayout(fields, **kw)
-    members = {"jpg": b"J" * 1000, "png": b"P" * 300, "cls": b"12"}
+    members = {"jpg": JPG, "png": PNG, "cls": b"12"}
     direct, placed = sample(key="k9"), sample(key="k9")
     for ext in order:
         direct.data[ext] = members[ext]
@@ -158,3 +162,22 @@ def test_reading_into_place_gives_the_same_sample(kw, order, fields):
     got = unpack(layout, layout.pack(placed, 5))
     assert got == want
     assert want[0] == (members["jpg"] if "jpg" in order else members["png"])
+
+
+def test_image_fields_must_hold_images():
+    layout = SampleLayout(("jpg",))
+    assert unpack(layout, layout.pack(sample(jpg=PNG), 0)) == [PNG], "any image format under any image extension"
+    with pytest.raises(ShardFormatError, match="not an image") as err:
+        layout.pack(sample(key="bad", jpg=b"<html>oops</html>"), 0)
+    assert err.value.key == "bad" and "on_error='skip'" in str(err.value)
+    assert SampleLayout(("txt",)).pack(sample(txt=b"<html>"), 0) is not None, "other fields are not checked"
+
+
+def test_padding_and_skipped_marks():
+    layout = SampleLayout(("jpg", "__index__", "__valid__"), table=True, payload="jpg")
+    packed = layout.pack(sample(jpg=JPG), 7)
+    assert list(packed.header[:2]) == [7, 1]
+    assert list(packed.as_padding().header[:2]) == [7, 0]
+    skipped = packed.as_skipped(42)
+    assert list(skipped.header[:2]) == [42, -1] and skipped.payload is packed.payload
+    assert list(packed.header[:2]) == [7, 1], "the original is untouched"

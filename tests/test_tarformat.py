@@ -142,10 +142,11 @@ def test_not_a_tar_file(tmp_path):
 
 
 def test_duplicate_member_in_a_sample(tmp_path):
-    path = make_tar(tmp_path / "d.tar", [("000.jpg", b"a"), ("000.jpg", b"b")])
-    with pytest.raises(ShardFormatError, match="duplicate") as err:
-        ours(path)
-    assert err.value.key == "000"
+    path = make_tar(tmp_path / "d.tar", [("000.jpg", b"a"), ("000.jpg", b"b"), ("001.jpg", b"c")])
+    with open_shard(path) as f:
+        first, second = TarReader(f, path).samples()
+    assert first.key == "000" and "duplicate member '000.jpg'" in first.error and first.data == {"jpg": b"a"}
+    assert second.error is None and second.data == {"jpg": b"c"}, "reading goes on after the bad sample"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,105 @@
+"""Worker processes: a dead worker is reported within seconds, start methods, AutoGraph."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from nvidia.dali import fn
+
+from dali_shards import ConfigError, decode_image, sharded_pipeline
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from nvidia.dali import fn
+    from dali_shards import decode_image, sharded_pipeline
+    from dali_shards.errors import WorkerError
+    from dali_shards.pytorch import DALIShardedIterator
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(sys.argv[1], shard_sizes=(200, 200))
+    when = sys.argv[2]
+
+    @sharded_pipeline(paths, fields=("jpg", "__index__"), batch_size=4, py_num_workers=2, shuffle=True,
+                      shuffle_buffer=200, num_threads=1, device_id=None)
+    def p(jpg, index):
+        return fn.resize(decode_image(jpg), size=(16, 16)), index
+
+    pipe = p()
+    it = DALIShardedIterator(pipe, ["image", "index"])
+    next(it)
+    victim = pipe._py_pool.pids()[0]
+    start = time.perf_counter()
+    if when == "between":  # killed while the training step runs
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(0.5)
+    else:  # killed while the iterator waits for data
+        threading.Timer(0.05, os.kill, (victim, signal.SIGKILL)).start()
+    try:
+        for _ in range(1000):
+            next(it)
+        print("NO ERROR")
+    except WorkerError as exc:
+        print(f"WorkerError after {time.perf_counter() - start:.1f}s: {exc}")
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["between", "during"])
+def test_a_killed_worker_is_reported_within_seconds(tmp_path, when):
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), when], capture_output=True, text=True, timeout=120
+    )
+    assert "WorkerError after" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "killed by SIGKILL" in out.stdout and "state_dict" in out.stdout
+    seconds = float(out.stdout.split("WorkerError after ")[1].split("s:")[0])
+    assert seconds < 10
+
+
+def test_fork_after_cuda_is_refused_with_what_to_do(photo_shards, monkeypatch):
+    import nvidia.dali.backend as backend
+
+    monkeypatch.setattr(backend, "IsDriverInitialized", lambda: True)  # as if the GPU had been touched
+
+    @sharded_pipeline(
+        photo_shards["pattern"], fields=("__index__",), batch_size=2, py_num_workers=2, num_threads=1, device_id=None
+    )
+    def pipe(index):
+        return index
+
+    with pytest.raises(ConfigError, match="before touching the GPU.*py_start_method='spawn'"):
+        pipe()
+    assert pipe(py_start_method="spawn") is not None  # spawn is fine
+
+
+def test_user_conditionals_next_to_unconverted_sources(photo_shards):
+    """The function may use DALI conditionals (AutoGraph converts it); the worker sources are
+    created outside AutoGraph -- DALI refuses converted parallel sources, so building proves it."""
+    import numpy as np
+
+    @sharded_pipeline(
+        photo_shards["pattern"],
+        fields=("jpg", "cls", "__index__"),
+        batch_size=4,
+        py_num_workers=2,
+        num_threads=1,
+        device_id=None,
+    )
+    def pipe(jpg, cls, index):
+        image = fn.resize(decode_image(jpg), size=(8, 8))
+        flipped = fn.flip(image, horizontal=1)
+        if cls > 400:  # the user's own conditional
+            out = flipped
+        else:
+            out = image
+        return out, flipped, image, cls
+
+    p = pipe()
+    p.build()
+    out, flipped, image, cls = p.run()
+    for i in range(4):
+        want = flipped if int(np.array(cls[i])) > 400 else image
+        assert np.array_equal(np.array(out[i]), np.array(want[i]))

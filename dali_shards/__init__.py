@@ -7,7 +7,15 @@ Planning, tar reading, manifests and shard writing need no DALI; the names that 
 from importlib import import_module
 from typing import Any
 
-from .errors import ConfigError, DaliShardsError, EmptyDatasetError, ShardAccessError, ShardError, ShardFormatError
+from .errors import (
+    ConfigError,
+    DaliShardsError,
+    EmptyDatasetError,
+    ShardAccessError,
+    ShardError,
+    ShardFormatError,
+    WorkerError,
+)
 from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
 from .shardlist import resolve_source
@@ -60,4 +68,5 @@ __all__ = [
     "ShardError",
     "ShardFormatError",
     "ShardAccessError",
+    "WorkerError",
 ]

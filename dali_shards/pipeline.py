@@ -265,6 +265,13 @@ def sharded_pipeline(
         shuffle_buffer: samples each worker holds for its buffer shuffle.
         start_epoch: the epoch the pipeline starts at (its shuffle and plan).
         worker_prefetch: batches each worker prepares ahead.
+        resume_from: a ``state_dict()`` of ``DALIShardedIterator`` (or ``pipe.dali_shards.state``):
+            the pipeline starts where that state stands, exactly as the run would have gone on
+            under the same ranks, workers and batch size, re-planned over the samples left under
+            others. ``start_epoch`` is then ignored.
+        on_error: ``"raise"`` stops at the first bad sample or shard with a ``ShardError``
+            naming it; ``"skip"`` logs it, puts another sample of the same worker in its slot
+            with ``__valid__`` false (``DALIShardedIterator`` removes it) and goes on.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.

@@ -11,13 +11,16 @@ counts every validation image exactly once (padding is removed by the iterator).
     python examples/imagenet_tar_train.py     # built-in photos: a small model, a few steps, on the CPU
 
 Shards can be made with `dali-shards write IMAGENET/train out/train-%06d.tar --shuffle`; a manifest
-beside them (from `dali-shards write` or `dali-shards index`) saves the start-up scan.
+beside them (from `dali-shards write` or `dali-shards index`) saves the start-up scan. With
+`--checkpoint DIR` each epoch saves the model, the optimizer and the data loader's state;
+`--resume DIR` continues from there (on the same or another number of GPUs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 
@@ -53,10 +56,12 @@ def parse_args(argv=None):
     ap.add_argument("--steps-per-epoch", type=int, default=None, help="stop each epoch early (smoke runs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-json", default="train_log.jsonl", help="JSON lines log, one line per epoch (rank 0)")
+    ap.add_argument("--checkpoint", help="directory to save the model, optimizer and data loader state in, each epoch")
+    ap.add_argument("--resume", help="a --checkpoint directory to continue from (the data loader included)")
     return ap.parse_args(argv)
 
 
-def build_pipelines(args, train_source, val_source, device_id):
+def build_pipelines(args, train_source, val_source, device_id, resume_from=None):
     """Train and validation pipelines; building them starts their workers (before CUDA is touched)."""
     size = args.image_size
     common = dict(
@@ -89,7 +94,7 @@ def build_pipelines(args, train_source, val_source, device_id):
         )
         return images, cls
 
-    train_pipe, val_pipe = train(), val()
+    train_pipe, val_pipe = train(resume_from=resume_from), val()
     train_pipe.build()
     val_pipe.build()
     return train_pipe, val_pipe
@@ -111,8 +116,13 @@ def main(argv=None) -> dict:
     if args.val_data is None:
         raise SystemExit("--val-data is required with --data")
 
-    # 1. Data first: DALI's fork-started workers cannot start once CUDA is initialised.
-    train_pipe, val_pipe = build_pipelines(args, args.data, args.val_data, device_id)
+    # 1. Data first: DALI's fork-started workers cannot start once CUDA is initialised. A resumed run
+    #    reads the loader's state (plain JSON) now, and the model's tensors only after.
+    loader_state = None
+    if args.resume:
+        with open(os.path.join(args.resume, "loader.json")) as f:
+            loader_state = json.load(f)
+    train_pipe, val_pipe = build_pipelines(args, args.data, args.val_data, device_id, loader_state)
     names = ["images", "labels"]
     train_loader = DALIShardedIterator(train_pipe, names)
     val_loader = DALIShardedIterator(val_pipe, names)
@@ -129,10 +139,20 @@ def main(argv=None) -> dict:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device_id] if on_gpu else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     steps = min(len(train_loader), args.steps_per_epoch or len(train_loader))
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=args.lr, total_steps=args.epochs * steps, pct_start=0.1
-    )
     criterion = torch.nn.CrossEntropyLoss()
+    if args.resume:
+        saved = torch.load(os.path.join(args.resume, "model.pt"), map_location=device)
+        (model.module if world_size > 1 else model).load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    # The learning-rate schedule spans --epochs; a resumed run joins it where the loader's epoch starts
+    # (so a run can be resumed with more --epochs than it was started with).
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=args.lr,
+        total_steps=args.epochs * steps,
+        pct_start=0.1,
+        last_epoch=train_loader.epoch * steps - 1 if args.resume else -1,
+    )
     val_info = pipeline_info(val_pipe)
     if rank == 0:
         info = pipeline_info(train_pipe)
@@ -143,7 +163,7 @@ def main(argv=None) -> dict:
         )
     log = open(args.log_json, "a") if rank == 0 and args.log_json else None
     result = {}
-    for epoch in range(args.epochs):
+    for epoch in range(train_loader.epoch, args.epochs):  # a resumed loader knows its epoch
         model.train()
         seen = torch.zeros(2, dtype=torch.float64, device=device)  # images, loss sum
         wait = 0.0
@@ -205,6 +225,17 @@ def main(argv=None) -> dict:
             if log:
                 log.write(json.dumps(result) + "\n")
                 log.flush()
+            if args.checkpoint:
+                os.makedirs(args.checkpoint, exist_ok=True)
+                torch.save(
+                    {
+                        "model": (model.module if world_size > 1 else model).state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                    },
+                    os.path.join(args.checkpoint, "model.pt"),
+                )
+                with open(os.path.join(args.checkpoint, "loader.json"), "w") as f:
+                    json.dump(train_loader.state_dict(), f)  # the same on every rank: rank 0 saves it
     if log:
         log.close()
     if world_size > 1:

@@ -37,9 +37,10 @@ def _log(path):
     return [json.loads(line) for line in open(path)]
 
 
-def test_training_example_on_the_builtin_data(tmp_path):
-    log = tmp_path / "log.jsonl"
-    out = run([sys.executable, "examples/imagenet_tar_train.py", "--epochs", "2", "--log-json", str(log)], 300)
+def test_training_example_on_the_builtin_data_and_resume(tmp_path):
+    log, ck = tmp_path / "log.jsonl", tmp_path / "ck"
+    script = [sys.executable, "examples/imagenet_tar_train.py", "--log-json", str(log), "--checkpoint", str(ck)]
+    out = run(script + ["--epochs", "2"], 300)
     assert out.returncode == 0, out.stdout + out.stderr
     epochs = _log(log)
     assert [e["epoch"] for e in epochs] == [0, 1]
@@ -48,6 +49,16 @@ def test_training_example_on_the_builtin_data(tmp_path):
         assert 0 <= e["top1"] <= 1 and 0 <= e["data_wait_fraction"] <= 1 and e["images_per_s"] > 0
         assert e["train_loss"] == e["train_loss"]  # not NaN
     assert "top-1" in out.stdout and "images/s" in out.stdout
+    state = json.loads((ck / "loader.json").read_text())
+    assert state["epoch"] == 2 and state["history"] == []  # saved after epoch 1 ended: epoch 2 is next
+
+    # resumed with a longer schedule, the run goes on from epoch 2 (not from 0) with the saved model
+    out = run(script + ["--epochs", "3", "--resume", str(ck)], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    resumed = _log(log)[2:]
+    assert [e["epoch"] for e in resumed] == [2] and resumed[0]["val_images"] == 47
+    assert "epoch 0:" not in out.stdout
+    assert json.loads((ck / "loader.json").read_text())["epoch"] == 3
 
 
 def test_training_example_under_torchrun(tmp_path):

@@ -18,8 +18,8 @@ DALI pipeline through ``nvidia.dali.plugin.pytorch.experimental.proxy``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class Config:
     rank: int = 0
     seed: int = 0
     device_id: Optional[int] = None
+    options: Dict[str, Any] = field(default_factory=dict)  # more sharded_pipeline options (dali_shards)
 
 
 # -- DALI processing shared by the DALI-based loaders --------------------------------------
@@ -103,6 +104,7 @@ class DaliShardsLoader:
             rank=cfg.rank,
             num_threads=cfg.threads,
             device_id=cfg.device_id,
+            **cfg.options,
         )
         def pipe(jpg, ids, *valid):
             return (dali_post(cfg.mode, jpg, cfg.device_id), fn.reinterpret(ids, dtype=types.INT64), *valid)

@@ -18,6 +18,8 @@ from .errors import (
 )
 from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
+from .remote import StorageConfig
+from .streaming import StreamingSpec
 from .shardlist import resolve_source
 from .writer import ShardWriter, write_shard
 
@@ -56,6 +58,8 @@ __all__ = [
     "EpochPlan",
     "PLAN_VERSION",
     "resolve_source",
+    "StorageConfig",
+    "StreamingSpec",
     "ShardInfo",
     "read_manifest",
     "write_manifest",

@@ -11,9 +11,10 @@ import sys
 from typing import List, Optional, Sequence
 
 from .errors import ConfigError, DaliShardsError
-from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
+from .manifest import ShardInfo, read_manifest, scan_shard, write_manifest
 from .planner import LAST_BATCH_MODES, PlanSpec
-from .shardlist import expand_pattern, is_manifest, resolve_source
+from .remote import StorageConfig, is_remote
+from .shardlist import MANIFEST_NAME, expand_pattern, is_manifest, resolve_source
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -27,24 +28,53 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def _expand_all(patterns: Sequence[str]) -> List[str]:
+def _expand_all(patterns: Sequence[str], config: Optional[StorageConfig] = None) -> List[str]:
     """Shard URLs of patterns, globs, directories and manifests (read, not scanned)."""
-    urls = [u for p in patterns for u in ([s.url for s in read_manifest(p)] if is_manifest(p) else expand_pattern(p))]
+    config = config or StorageConfig()
+    urls = [
+        u
+        for p in patterns
+        for u in ([s.url for s in read_manifest(p, config)] if is_manifest(p) else expand_pattern(p, config))
+    ]
     if not urls:
         raise ConfigError("no shards given")
     return urls
 
 
+def _storage(args: argparse.Namespace) -> StorageConfig:
+    text = getattr(args, "storage_options", None)
+    if not text:
+        return StorageConfig()
+    try:
+        options = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--storage-options is not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
+    return StorageConfig(storage_options=options)
+
+
+def _add_storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        help='fsspec options for remote URLs, e.g. \'{"endpoint_url": "http://localhost:9000"}\' '
+        "(the AWS_*/GOOGLE_* environment applies too)",
+    )
+
+
 def _add_scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=8, help="shards scanned in parallel (default 8)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_storage_option(p)
 
 
 def _default_manifest(urls: Sequence[str]) -> str:
-    folders = {os.path.dirname(os.path.abspath(u)) for u in urls if "://" not in u}
+    folders = {u.rsplit("/", 1)[0] if is_remote(u) else os.path.dirname(os.path.abspath(u)) for u in urls}
     if len(folders) != 1:
         raise ConfigError("the shards are in several directories; say where the manifest goes with --manifest")
-    return os.path.join(folders.pop(), "manifest.json")
+    folder = folders.pop()
+    return f"{folder}/{MANIFEST_NAME}" if is_remote(folder + "/") else os.path.join(folder, MANIFEST_NAME)
 
 
 def _human(n: Optional[float]) -> str:
@@ -106,17 +136,22 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     from .dali_index import write_dali_index
 
-    urls = _expand_all(args.patterns)
+    config = _storage(args)
+    urls = _expand_all(args.patterns, config)
     manifest = args.manifest or _default_manifest(urls)
-    if args.no_idx:
-        infos = scan_shards(urls)
-    else:
-        with ThreadPoolExecutor(max_workers=max(1, min(args.threads, len(urls)))) as pool:
-            infos = list(tqdm(pool.map(write_dali_index, urls), total=len(urls), disable=args.quiet, desc="indexing"))
-    write_manifest(manifest, infos)
+    remote = any(is_remote(u) for u in urls)
+    no_idx = args.no_idx or remote  # DALI's reader reads local files only
+
+    def index(url: str) -> ShardInfo:
+        return scan_shard(url, config=config) if no_idx else write_dali_index(url)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(args.threads, len(urls)))) as pool:
+        infos = list(tqdm(pool.map(index, urls), total=len(urls), disable=args.quiet, desc="indexing"))
+    write_manifest(manifest, infos, config)
     print(
         f"{len(infos)} shards, {sum(i.samples for i in infos)} samples: manifest {manifest}"
-        + ("" if args.no_idx else "; DALI index files (.idx) beside the shards")
+        + ("" if no_idx else "; DALI index files (.idx) beside the shards")
+        + ("; no .idx files for remote shards" if remote and not args.no_idx else "")
     )
     return 0
 
@@ -125,7 +160,10 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspection import inspect_shards
 
-    report = inspect_shards(_expand_all(args.patterns), threads=args.threads, progress=not args.quiet)
+    config = _storage(args)
+    report = inspect_shards(
+        _expand_all(args.patterns, config), threads=args.threads, progress=not args.quiet, config=config
+    )
     if args.json:
         print(json.dumps(report, indent=1))
         return 1 if report["unreadable_shards"] else 0
@@ -155,7 +193,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # -- plan ---------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
-    shards: List[ShardInfo] = [s for p in args.patterns for s in resolve_source(p)]
+    config = _storage(args)
+    shards: List[ShardInfo] = [s for p in args.patterns for s in resolve_source(p, config=config)]
     spec = PlanSpec(
         tuple(s.samples for s in shards),
         world_size=args.world_size,
@@ -264,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the manifest (and DALI .idx files) of existing shards",
         description="Scan shards' tar headers; write a manifest of per-shard sample counts (so "
         "pipelines start without scanning) and DALI index files so fn.readers.webdataset can use "
-        "the same shards without a scan.",
+        "the same shards without a scan. Remote shards (s3://, gs://, http(s)://) get the manifest "
+        "only, beside them where the storage is writable (else use --manifest).",
     )
     p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories or paths")
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
@@ -300,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default="pad")
     p.add_argument("--shuffle-buffer", type=int, default=1024)
     p.add_argument("--json", action="store_true", help="print JSON")
+    _add_storage_option(p)
     p.set_defaults(run=cmd_plan)
     return parser
 

@@ -31,7 +31,7 @@ class ShardError(DaliShardsError):
         self.detail = message
         self.hint = hint
         where = f"shard {url!r}" + (f", sample {key!r}" if key is not None else "")
-        text = f"{where}: {message}"
+        text = f"{where}: {message.rstrip('.')}"
         if hint:
             text += f". What to do: {hint}"
         super().__init__(text)

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from .remote import DEFAULT_STORAGE, StorageConfig
 from .storage import open_shard, shard_size
 from .tarformat import TarReader
 
@@ -31,11 +32,11 @@ class ShardReport:
     error: Optional[str] = None
 
 
-def scan_report(url: str) -> ShardReport:
+def scan_report(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardReport:
     """Keys and member sizes per extension of one shard (an unreadable shard is reported, not raised)."""
     report = ShardReport(url, bytes=shard_size(url))
     try:
-        with open_shard(url) as stream:
+        with open_shard(url, config) as stream:
             for position, key, ext, member in TarReader(stream, url).scan():
                 if position == len(report.keys):
                     report.keys.append(key)
@@ -50,10 +51,16 @@ def scan_report(url: str) -> ShardReport:
     return report
 
 
-def inspect_shards(urls: Sequence[str], threads: int = 8, progress: bool = False) -> dict:
+def inspect_shards(
+    urls: Sequence[str], threads: int = 8, progress: bool = False, config: StorageConfig = DEFAULT_STORAGE
+) -> dict:
     """A JSON-able summary of the shards: per shard, per field, missing fields, duplicate keys."""
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        reports = list(tqdm(pool.map(scan_report, urls), total=len(urls), disable=not progress, desc="scanning"))
+        reports = list(
+            tqdm(
+                pool.map(lambda u: scan_report(u, config), urls), total=len(urls), disable=not progress, desc="scanning"
+            )
+        )
     total = sum(r.samples for r in reports)
     fields = {}
     for ext in sorted({e for r in reports for e in r.ext_sizes}):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -24,8 +25,11 @@ from .graph import assemble_fields
 from .layout import SampleLayout
 from .manifest import ShardInfo
 from .planner import PLAN_VERSION, EpochPlan, PlanSpec
+from .remote import StorageConfig
 from .resume import make_state, resume_point
 from .shardlist import Source, resolve_source
+from .stream_source import StreamingWorkerSource
+from .streaming import StreamingSpec
 from .worker_source import ON_ERROR, WorkerSource
 
 _OPTIONS = (
@@ -43,7 +47,15 @@ _OPTIONS = (
     "worker_prefetch",
     "resume_from",
     "on_error",
+    "storage_options",
+    "read_ahead",
+    "cache_dir",
+    "cache_limit",
+    "retries",
+    "request_timeout",
+    "samples_per_epoch",
 )
+log = logging.getLogger("dali_shards")
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
 
 
@@ -67,6 +79,7 @@ class ShardedPipelineInfo:
     on_error: str = "raise"
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the function's outputs
     slot_status: Any = field(default=None, compare=False, repr=False)  # [index, status] per slot
+    streaming: Optional[StreamingSpec] = None  # set in the streaming (resampled) mode
 
     @property
     def steps_per_epoch(self) -> int:
@@ -140,6 +153,21 @@ def _bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, nu
     return int((mean + layout.header_bytes) * 1.25 / num_workers) + per_slot_meta
 
 
+def storage_config(options: Dict[str, Any]) -> StorageConfig:
+    """The storage settings among the pipeline options."""
+    try:
+        return StorageConfig(
+            storage_options=dict(options.get("storage_options") or {}),
+            read_ahead=options.get("read_ahead", 2),
+            retries=options.get("retries", 5),
+            timeout=float(options.get("request_timeout", 60.0)),
+            cache_dir=options.get("cache_dir"),
+            cache_limit=options.get("cache_limit"),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def build_sharded_pipeline(
     func: Callable[..., Any],
     options: Dict[str, Any],
@@ -157,27 +185,72 @@ def build_sharded_pipeline(
     on_error = options.get("on_error", "raise")
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    shards = tuple(resolve_source(options["source"], on_error=on_error))
+    storage = storage_config(options)
+    samples_per_epoch = options.get("samples_per_epoch")
+    streaming = samples_per_epoch is not None
+    shards = tuple(resolve_source(options["source"], on_error=on_error, config=storage, counts=not streaming))
     layout = choose_layout(options["fields"], shards, num_workers)
     seed = int(options.get("seed", 0))
-    spec = PlanSpec(
-        tuple(s.samples for s in shards),
-        world_size=world_size,
-        num_workers=num_workers,
-        batch_size=batch_size,
-        seed=seed,
-        shuffle=bool(options.get("shuffle", False)),
-        last_batch=options.get("last_batch", "pad"),
-        shuffle_buffer=int(options.get("shuffle_buffer", 1024)),
-    )
+    shuffle = bool(options.get("shuffle", False))
+    stream_spec = None
+    if streaming:
+        stream_spec = StreamingSpec(
+            len(shards),
+            samples_per_epoch,
+            world_size=world_size,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            last_batch=options.get("last_batch", "pad"),
+        )
+        if stream_spec.shares_shards():
+            log.warning(
+                "dali_shards: %d shards for %d virtual workers: some workers stream the same shards",
+                len(shards),
+                stream_spec.num_virtual_workers,
+            )
+        spec = stream_spec.as_plan_spec()
+    else:
+        spec = PlanSpec(
+            tuple(s.samples for s in shards),
+            world_size=world_size,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            last_batch=options.get("last_batch", "pad"),
+            shuffle_buffer=int(options.get("shuffle_buffer", 1024)),
+        )
     start_epoch = int(options.get("start_epoch", 0))
     resume_plan, resume_prior = None, []
     if options.get("resume_from") is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, options["resume_from"])
     urls = [s.url for s in shards]
-    sources = [
-        WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan, on_error) for w in range(num_workers)
-    ]
+    byte_sizes = [s.bytes for s in shards]
+    if stream_spec is not None:
+        first_steps = None if resume_plan is None else resume_plan.steps - resume_plan.start_step
+        sources = [
+            StreamingWorkerSource(
+                stream_spec,
+                urls,
+                layout,
+                rank,
+                w,
+                start_epoch,
+                first_steps,
+                int(options.get("shuffle_buffer", 1024)),
+                on_error,
+                storage,
+                byte_sizes,
+            )
+            for w in range(num_workers)
+        ]
+    else:
+        sources = [
+            WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan, on_error, storage, byte_sizes)
+            for w in range(num_workers)
+        ]
     hint = _bytes_per_sample_hint(shards, layout, num_workers)
     prefetch = int(options.get("worker_prefetch", 2))
 
@@ -226,6 +299,7 @@ def build_sharded_pipeline(
         on_error,
         captured["outputs"],
         captured["slot_status"],
+        stream_spec,
     )
     return pipe
 
@@ -246,12 +320,21 @@ def sharded_pipeline(
     worker_prefetch: int = 2,
     resume_from: Optional[Dict[str, Any]] = None,
     on_error: str = "raise",
+    storage_options: Optional[Dict[str, Any]] = None,
+    read_ahead: int = 2,
+    cache_dir: Optional[str] = None,
+    cache_limit: Optional[int] = None,
+    retries: int = 5,
+    request_timeout: float = 60.0,
+    samples_per_epoch: Optional[int] = None,
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
 
     Args:
-        source: shards -- a brace pattern, a glob, a manifest (``.json``), or a list of these.
+        source: shards -- a brace pattern, a glob, a manifest (``.json``), or a list of these;
+            local paths or URLs (``s3://``, ``gs://``, ``http(s)://``, ``file://``). Remote shards
+            take their sample counts from a manifest (given, or ``manifest.json`` beside them).
         fields: member extensions (``"jpg"``, ``"jpg;png"`` for alternatives, ``"cls"``) or
             ``"__key__"``, ``"__index__"``, ``"__valid__"``; passed to the function in order.
         batch_size: samples per batch on this rank; a multiple of ``py_num_workers``.
@@ -272,6 +355,18 @@ def sharded_pipeline(
         on_error: ``"raise"`` stops at the first bad sample or shard with a ``ShardError``
             naming it; ``"skip"`` logs it, puts another sample of the same worker in its slot
             with ``__valid__`` false (``DALIShardedIterator`` removes it) and goes on.
+        storage_options: fsspec options for remote URLs (credentials, ``endpoint_url``...), or
+            per protocol (``{"s3": {...}, "https": {...}}``); the standard environment
+            (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...) applies too.
+        read_ahead: remote shards each worker opens ahead of the one it reads (0: none).
+        cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
+            least recently used beyond ``cache_limit`` bytes (None: no limit).
+        retries, request_timeout: a failed or stalled (``request_timeout`` seconds) remote
+            request is retried with exponential backoff, resumed at the first missing byte.
+        samples_per_epoch: the streaming (resampled) mode, for shards without sample counts:
+            each worker cycles through its own shards and delivers an equal share of this many
+            samples per epoch (rounded to whole global batches), all valid. Samples may repeat
+            or be missed within an epoch; ``__index__`` is ``shard << 32 | position``.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.
@@ -295,6 +390,13 @@ def sharded_pipeline(
         "worker_prefetch": worker_prefetch,
         "resume_from": resume_from,
         "on_error": on_error,
+        "storage_options": storage_options,
+        "read_ahead": read_ahead,
+        "cache_dir": cache_dir,
+        "cache_limit": cache_limit,
+        "retries": retries,
+        "request_timeout": request_timeout,
+        "samples_per_epoch": samples_per_epoch,
     }
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:

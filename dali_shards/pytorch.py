@@ -74,6 +74,11 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _attach(self, pipeline: Pipeline) -> None:
         self.info = pipeline_info(pipeline)
+        if self.audit and self.info.streaming is not None:
+            raise ValueError(
+                "audit=True checks exactly-once delivery, which the streaming mode (samples_per_epoch=) "
+                "does not promise; give the shards' sample counts (a manifest) to audit"
+            )
         self.epoch = self.info.start_epoch
         self._step = self.info.plan(self.epoch).start_step
         self._record = EpochRecord()

@@ -10,6 +10,7 @@ imports no DALI.
 
 from __future__ import annotations
 
+import gc
 import logging
 import lzma
 import os
@@ -19,7 +20,8 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 from .errors import ShardAccessError, ShardError, ShardFormatError
 from .layout import EMPTY, Packed, SampleLayout, table_slot
 from .planner import EpochPlan, PlanSpec, Segment
-from .storage import open_shard
+from .remote import DEFAULT_STORAGE, StorageConfig
+from .storage import read_ahead
 from .tarformat import TarReader
 
 
@@ -54,12 +56,16 @@ class WorkerSource:
         start_epoch: int = 0,
         resume_plan: Optional[EpochPlan] = None,
         on_error: str = "raise",
+        storage: StorageConfig = DEFAULT_STORAGE,
+        byte_sizes: Sequence[Optional[int]] = (),
     ):
         if len(urls) != len(spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error
+        self.storage = storage
+        self.byte_sizes = tuple(byte_sizes) or (None,) * len(urls)
         self.spec = spec
         self.urls = tuple(urls)
         self.layout = layout
@@ -75,6 +81,7 @@ class WorkerSource:
         pid = os.getpid()
         if self._pid != pid:
             self._pid, self._epoch = pid, self.start_epoch
+            entered_process()
         else:
             self._epoch += 1
         return EpochBatches(self, self._epoch)
@@ -118,7 +125,9 @@ class EpochBatches:
             self._order = iter(emissions)
             needed = {pos for pos, _ in emissions}
             reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
-            self._samples = _read_segments(plan, reads, src.urls, src.layout, needed.__contains__, src.on_error)
+            self._samples = _read_segments(
+                plan, reads, src.urls, src.layout, needed.__contains__, src.on_error, src.storage, src.byte_sizes
+            )
         if self._step >= self._steps:
             self._close()
             raise StopIteration
@@ -194,7 +203,25 @@ class EpochBatches:
         self._last = (-1, None)
 
 
-def _shard_error(url: str, exc: BaseException) -> ShardError:
+_entered: Optional[int] = None
+
+
+def entered_process() -> None:
+    """Called when a source first runs in a (forked) worker process: the objects inherited from
+    the parent are frozen out of garbage collection there, so that a collection in the worker
+    never runs their finalizers (a parent's discarded DALI pipeline would try to shut down the
+    parent's worker pool from inside this worker, and hang)."""
+    global _entered
+    pid = os.getpid()
+    if _entered != pid and pid != _MAIN_PID:
+        _entered = pid
+        gc.freeze()
+
+
+_MAIN_PID = os.getpid()
+
+
+def shard_error(url: str, exc: BaseException) -> ShardError:
     """A reading failure as an error naming the shard."""
     if isinstance(exc, ShardError):
         return exc
@@ -214,17 +241,29 @@ def _read_segments(
     layout: SampleLayout,
     needed: Callable[[int], bool],
     on_error: str = "raise",
+    storage: StorageConfig = DEFAULT_STORAGE,
+    byte_sizes: Sequence[Optional[int]] = (),
 ) -> Iterator[Tuple[int, Union[Packed, Skipped]]]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
-    the others are passed over by their headers. With ``on_error="skip"`` a bad sample, or every
-    needed sample left in a shard that cannot be read on, comes as a ``Skipped``."""
-    for seg in segments:
+    the others are passed over by their headers. The next shards are opened ahead (``storage``).
+    With ``on_error="skip"`` a bad sample, or every needed sample left in a shard that cannot be
+    read on, comes as a ``Skipped``."""
+    sizes = [byte_sizes[seg.shard] if byte_sizes else None for seg in segments]
+    openers = read_ahead([urls[seg.shard] for seg in segments], storage, sizes)
+    try:
+        yield from _read_in_order(plan, segments, urls, layout, needed, on_error, openers)
+    finally:
+        openers.close()
+
+
+def _read_in_order(plan, segments, urls, layout, needed, on_error, openers):
+    for seg, opener in zip(segments, openers):
         url = urls[seg.shard]
         offset = int(plan.canonical_starts[seg.shard])
         base = seg.position - seg.first  # sequence position of the shard's sample 0
         done = set()
         try:
-            with open_shard(url) as stream:
+            with opener() as stream:
                 reader = TarReader(stream, url)
                 samples = reader.samples(
                     layout.extensions,
@@ -252,7 +291,7 @@ def _read_segments(
                     "or restart so it is scanned again",
                 )
         except (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
-            error = _shard_error(url, exc)
+            error = shard_error(url, exc)
             if on_error == "raise":
                 raise error from (None if error is exc else exc)
             for position in range(seg.position, seg.position + seg.stop - seg.first):

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -144,3 +146,25 @@ def test_compare_benchmark_runs(tmp_path):
     assert report["throughput"]["augment"]["dali_shards"]["samples_per_s"] > 0
     assert "not_applicable" in report["throughput"]["bytes"]["dali_proxy"]
     assert (tmp_path / "results" / "compare.md").exists() and (tmp_path / "results" / "compare.png").exists()
+
+
+def test_remote_benchmark_runs(tmp_path):
+    pytest.importorskip("moto")
+    out = run(
+        [
+            sys.executable,
+            "benchmarks/remote.py",
+            "--quick",
+            "--latency-ms",
+            "20",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out-dir",
+            str(tmp_path / "results"),
+        ],
+        900,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((tmp_path / "results" / "remote-quick.json").read_text())
+    rows = {r["config"]: r for r in report["results"]}
+    assert len(rows) == 5 and all(r["samples_per_s"] and not r["errors"] for r in rows.values()), rows

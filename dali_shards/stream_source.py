@@ -1,0 +1,156 @@
+"""What one local worker feeds to its parallel external source in the streaming mode: padded
+batches (same layout as ``worker_source``) of samples drawn from an endless pass over the
+worker's own shards, exactly ``quota`` per epoch. Imports no DALI."""
+
+from __future__ import annotations
+
+import logging
+import lzma
+import os
+import zlib
+from typing import Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import ShardError, ShardFormatError
+from .layout import EMPTY, Packed, SampleLayout, table_slot
+from .planner import _bitgen
+from .remote import DEFAULT_STORAGE, StorageConfig
+from .storage import read_ahead
+from .streaming import StreamingSpec, stream_index
+from .tarformat import TarReader
+from .worker_source import entered_process, shard_error
+
+log = logging.getLogger("dali_shards")
+_TAG_STREAM_BUFFER = 0x5342_5546
+
+
+class StreamingWorkerSource:
+    """The padded batches of local worker ``worker`` of ``rank``; one epoch per ``iter()``.
+
+    The stream position carries over from one epoch to the next within a worker process; a
+    pipeline starting at epoch ``e`` (a fresh start or a resume) begins the stream at cycle ``e``.
+    """
+
+    def __init__(
+        self,
+        spec: StreamingSpec,
+        urls: Sequence[str],
+        layout: SampleLayout,
+        rank: int,
+        worker: int,
+        start_epoch: int = 0,
+        first_steps: Optional[int] = None,
+        shuffle_buffer: int = 1024,
+        on_error: str = "raise",
+        storage: StorageConfig = DEFAULT_STORAGE,
+        byte_sizes: Sequence[Optional[int]] = (),
+    ):
+        self.spec = spec
+        self.urls = tuple(urls)
+        self.layout = layout
+        self.rank = rank
+        self.worker = worker
+        self.virtual_worker = rank * spec.num_workers + worker
+        self.start_epoch = start_epoch
+        self.first_steps = first_steps
+        self.shuffle_buffer = shuffle_buffer
+        self.on_error = on_error
+        self.storage = storage
+        self.byte_sizes = tuple(byte_sizes) or (None,) * len(urls)
+        self._pid: Optional[int] = None
+        self._epoch = start_epoch
+        self._stream: Optional[Iterator[Packed]] = None
+        self._cycle_samples: Optional[int] = None  # samples in one pass over the worker's shards
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pid"], state["_stream"] = None, None
+        return state
+
+    def __iter__(self) -> Iterator[list]:
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid, self._epoch, self._stream = pid, self.start_epoch, None
+            entered_process()
+        else:
+            self._epoch += 1
+        steps = self.spec.steps_per_epoch
+        if self._epoch == self.start_epoch and self.first_steps is not None:
+            steps = self.first_steps
+        return self._batches(steps)
+
+    def _batches(self, steps: int) -> Iterator[list]:
+        spec, layout = self.spec, self.layout
+        m = spec.mini_batch
+        base = self.worker * m
+        for _ in range(steps):
+            if self._stream is None:
+                self._stream = self._shuffled(self._samples(self.start_epoch))
+            batch = [EMPTY] * spec.batch_size
+            samples = [next(self._stream) for _ in range(m)]
+            for i, packed in enumerate(samples):
+                batch[base + i] = layout.slot_array(packed)
+            if layout.table:
+                batch[table_slot(self.worker, spec.num_workers, m)] = layout.table_array(samples)
+            yield batch
+
+    def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:
+        if not self.spec.shuffle or self.shuffle_buffer <= 1:
+            yield from samples
+            return
+        rand = np.random.Generator(_bitgen(_TAG_STREAM_BUFFER, self.spec.seed, self.virtual_worker, self.start_epoch))
+        buf: List[Packed] = []
+        self._cycle_samples = None
+        for packed in samples:
+            # a buffer larger than one pass over the worker's shards would only hold repeats
+            if len(buf) < min(self.shuffle_buffer, self._cycle_samples or self.shuffle_buffer):
+                buf.append(packed)
+                continue
+            j = int(rand.integers(len(buf)))
+            out, buf[j] = buf[j], packed
+            yield out
+
+    def _samples(self, first_cycle: int) -> Iterator[Packed]:
+        """The endless stream of this worker's samples, cycle after cycle."""
+        cycle = first_cycle
+        v = self.virtual_worker
+        while True:
+            order = self.spec.cycle_order(v, cycle)
+            delivered = 0
+            openers = read_ahead([self.urls[s] for s in order], self.storage, [self.byte_sizes[s] for s in order])
+            try:
+                for shard, opener in zip(order, openers):
+                    for packed in self._read_shard(shard, opener):
+                        delivered += 1
+                        yield packed
+            finally:
+                openers.close()
+            if delivered == 0:
+                urls = ", ".join(self.urls[s] for s in order[:3]) + (" ..." if len(order) > 3 else "")
+                raise ShardFormatError(
+                    self.urls[order[0]],
+                    f"streaming worker {v} read no usable sample in a whole pass over its {len(order)} shard(s) "
+                    f"({urls})",
+                    hint="check the shards with `dali-shards inspect`, or give more shards than ranks x workers",
+                )
+            if self._cycle_samples is None:
+                self._cycle_samples = delivered
+            cycle += 1
+
+    def _read_shard(self, shard: int, opener) -> Iterator[Packed]:
+        url = self.urls[shard]
+        try:
+            with opener() as stream:
+                for sample in TarReader(stream, url).samples(self.layout.extensions, into=self.layout.destination):
+                    try:
+                        yield self.layout.pack(sample, stream_index(shard, sample.position))
+                    except ShardError as exc:
+                        if self.on_error == "raise":
+                            raise
+                        log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
+        except (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            error = shard_error(url, exc)
+            if self.on_error == "raise":
+                raise error from (None if error is exc else exc)
+            log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)

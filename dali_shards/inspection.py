@@ -14,7 +14,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .remote import DEFAULT_STORAGE, StorageConfig
-from .storage import open_shard, shard_size
+from .manifest import stored_size
+from .storage import open_shard
 from .tarformat import TarReader
 
 EXAMPLES = 5
@@ -34,7 +35,7 @@ class ShardReport:
 
 def scan_report(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardReport:
     """Keys and member sizes per extension of one shard (an unreadable shard is reported, not raised)."""
-    report = ShardReport(url, bytes=shard_size(url))
+    report = ShardReport(url, bytes=stored_size(url, config))
     try:
         with open_shard(url, config) as stream:
             for position, key, ext, member in TarReader(stream, url).scan():

@@ -2,6 +2,7 @@
 injection, and moto's standalone S3 server (behind a TCP proxy that can cut it off)."""
 
 import gzip
+import json
 import os
 import shutil
 import time
@@ -188,6 +189,9 @@ def test_index_command_on_remote_urls(http, tmp_path, capsys):
     assert [s.samples for s in got] == list(SIZES)
     assert got[0].url == f"{http.url}/sample-000000.tar"
     assert "no .idx files for remote shards" in capsys.readouterr().out
+    assert cli_main(["inspect", f"{http.url}/{PATTERN}", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == sum(SIZES) and report["bytes"] == sum(s.bytes for s in got)
 
 
 # -- whole pipelines ------------------------------------------------------------------------------
@@ -224,8 +228,6 @@ def test_s3_index_writes_the_manifest_beside_the_shards(s3, shard_dir):
     opts = s3.storage_options()
     with pytest.raises(ConfigError, match="dali-shards index"):
         resolve_source(f"s3://fresh/{PATTERN}", config=StorageConfig(storage_options=opts))
-    import json
-
     assert cli_main(["index", f"s3://fresh/{PATTERN}", "--quiet", "--storage-options", json.dumps(opts)]) == 0
     shards = resolve_source(f"s3://fresh/{PATTERN}", config=StorageConfig(storage_options=opts))
     assert [s.samples for s in shards] == list(SIZES)

@@ -41,7 +41,10 @@ STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="training shards (pattern, list or manifest); default: the built-in photos")
+    ap.add_argument(
+        "--data",
+        help="training shards (pattern, list or manifest; local, s3://, gs:// or https://); default: the built-in photos",
+    )
     ap.add_argument("--val-data", help="validation shards; default: the training shards when --data is not given")
     ap.add_argument("--arch", default="resnet18", help="a torchvision.models classification model (default resnet18)")
     ap.add_argument("--num-classes", type=int, default=1000)
@@ -58,6 +61,10 @@ def parse_args(argv=None):
     ap.add_argument("--log-json", default="train_log.jsonl", help="JSON lines log, one line per epoch (rank 0)")
     ap.add_argument("--checkpoint", help="directory to save the model, optimizer and data loader state in, each epoch")
     ap.add_argument("--resume", help="a --checkpoint directory to continue from (the data loader included)")
+    ap.add_argument(
+        "--storage-options", help='fsspec options for remote shards, JSON (e.g. \'{"endpoint_url": "..."}\')'
+    )
+    ap.add_argument("--cache-dir", help="keep remote shards on local disk after their first epoch")
     return ap.parse_args(argv)
 
 
@@ -70,6 +77,8 @@ def build_pipelines(args, train_source, val_source, device_id, resume_from=None)
         seed=args.seed,
         device_id=device_id,
         num_threads=args.threads,
+        storage_options=json.loads(args.storage_options) if args.storage_options else None,
+        cache_dir=args.cache_dir,
     )
 
     @sharded_pipeline(train_source, fields=("jpg", "cls"), shuffle=True, **common)

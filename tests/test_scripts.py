@@ -63,6 +63,41 @@ def test_training_example_on_the_builtin_data_and_resume(tmp_path):
     assert json.loads((ck / "loader.json").read_text())["epoch"] == 3
 
 
+def test_training_example_on_remote_shards(tmp_path):
+    pytest.importorskip("aiohttp")
+    from dali_shards.manifest import scan_shards, write_manifest
+    from dali_shards.sample_data import write_sample_shards
+    from dali_shards.testing import HTTPShardServer
+
+    served = tmp_path / "served"
+    write_manifest(str(served / "manifest.json"), scan_shards(write_sample_shards(str(served), (11, 0, 17, 3, 16))))
+    log, cache = tmp_path / "log.jsonl", tmp_path / "cache"
+    with HTTPShardServer(str(served)) as http:
+        out = run(
+            [
+                sys.executable,
+                "examples/imagenet_tar_train.py",
+                "--data",
+                f"{http.url}/manifest.json",
+                "--val-data",
+                f"{http.url}/sample-{{000000..000004}}.tar",  # counts from the manifest beside them
+                "--epochs",
+                "1",
+                "--storage-options",
+                '{"client_kwargs": {}}',
+                "--cache-dir",
+                str(cache),
+                "--log-json",
+                str(log),
+            ],
+            300,
+        )
+    assert out.returncode == 0, out.stdout + out.stderr
+    (epoch,) = _log(log)
+    assert epoch["val_images"] == epoch["val_images_expected"] == 47
+    assert len([f for f in os.listdir(cache) if f.endswith(".shard")]) == 4
+
+
 def test_training_example_under_torchrun(tmp_path):
     log = tmp_path / "log.jsonl"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")

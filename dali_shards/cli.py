@@ -74,7 +74,7 @@ def _default_manifest(urls: Sequence[str]) -> str:
     if len(folders) != 1:
         raise ConfigError("the shards are in several directories; say where the manifest goes with --manifest")
     folder = folders.pop()
-    return f"{folder}/{MANIFEST_NAME}" if is_remote(folder + "/") else os.path.join(folder, MANIFEST_NAME)
+    return f"{folder}/{MANIFEST_NAME}" if is_remote(folder) else os.path.join(folder, MANIFEST_NAME)
 
 
 def _human(n: Optional[float]) -> str:

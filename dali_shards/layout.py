@@ -261,6 +261,18 @@ class SampleLayout:
             return packed.payload if packed.payload is not None else EMPTY
         return packed.blob
 
+    def worker_batch(self, samples: Sequence[Packed], worker: int, num_workers: int, batch_size: int) -> list:
+        """The full-size batch local worker ``worker`` emits: its samples in its own slice, its
+        table (table layout) in its table slot, an empty dummy in every other slot."""
+        m = len(samples)
+        batch = [EMPTY] * batch_size
+        base = worker * m
+        for i, packed in enumerate(samples):
+            batch[base + i] = self.slot_array(packed)
+        if self.table:
+            batch[table_slot(worker, num_workers, m)] = self.table_array(samples)
+        return batch
+
     def table_array(self, samples: Sequence[Packed]) -> np.ndarray:
         """The table of a worker's mini-batch: one header row per sample, then the heap."""
         rows = len(samples) * self.header_bytes

@@ -79,9 +79,13 @@ def scan_shard(url: str, on_error: str = "raise", config: StorageConfig = DEFAUL
     key = _cache_key(url)
     with _scan_lock:
         cached = _scan_cache.get(key) if key else None
+    remote = is_remote(url)
+    size = None if remote else shard_size(url)
     if cached is None:
         try:
-            with open_shard(url, config) as stream:
+            if remote:  # asked once here, so that the stream does not ask again
+                size = stored_size(url, config)
+            with open_shard(url, config, size) as stream:
                 cached = scan_tar(stream, url)
         except (ShardError, OSError, EOFError) as exc:
             if on_error == "raise":
@@ -92,7 +96,7 @@ def scan_shard(url: str, on_error: str = "raise", config: StorageConfig = DEFAUL
         if key:
             with _scan_lock:
                 _scan_cache[key] = cached
-    return ShardInfo(url, cached.samples, stored_size(url, config), dict(cached.ext_bytes))
+    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes))
 
 
 def _readable_prefix(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardStats:

@@ -192,18 +192,17 @@ def build_sharded_pipeline(
     layout = choose_layout(options["fields"], shards, num_workers)
     seed = int(options.get("seed", 0))
     shuffle = bool(options.get("shuffle", False))
+    common = dict(
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        last_batch=options.get("last_batch", "pad"),
+    )
     stream_spec = None
     if streaming:
-        stream_spec = StreamingSpec(
-            len(shards),
-            samples_per_epoch,
-            world_size=world_size,
-            num_workers=num_workers,
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            last_batch=options.get("last_batch", "pad"),
-        )
+        stream_spec = StreamingSpec(len(shards), samples_per_epoch, **common)
         if stream_spec.shares_shards():
             log.warning(
                 "dali_shards: %d shards for %d virtual workers: some workers stream the same shards",
@@ -213,14 +212,7 @@ def build_sharded_pipeline(
         spec = stream_spec.as_plan_spec()
     else:
         spec = PlanSpec(
-            tuple(s.samples for s in shards),
-            world_size=world_size,
-            num_workers=num_workers,
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            last_batch=options.get("last_batch", "pad"),
-            shuffle_buffer=int(options.get("shuffle_buffer", 1024)),
+            tuple(s.samples for s in shards), shuffle_buffer=int(options.get("shuffle_buffer", 1024)), **common
         )
     start_epoch = int(options.get("start_epoch", 0))
     resume_plan, resume_prior = None, []

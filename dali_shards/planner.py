@@ -72,6 +72,50 @@ def buffer_shuffle_order(n: int, buffer_size: int, seed: int, epoch: int, worker
     yield from buf
 
 
+def check_positive(obj: object, *names: str) -> None:
+    """ConfigError unless each named attribute of ``obj`` is a positive integer."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+class BatchLayout:
+    """What a plan shares with the streaming plan: ranks x workers x batch and the last batch
+    mode (fields ``world_size``, ``num_workers``, ``batch_size``, ``last_batch``)."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    last_batch: str
+
+    def _check_layout(self) -> None:
+        check_positive(self, "world_size", "num_workers", "batch_size")
+        if self.batch_size % self.num_workers:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be a multiple of py_num_workers "
+                f"({self.num_workers}): each worker fills an equal slice of every batch. "
+                f"Use e.g. batch_size={self.batch_size // self.num_workers * self.num_workers or self.num_workers}"
+                f" or py_num_workers that divides {self.batch_size}"
+            )
+        if self.last_batch not in LAST_BATCH_MODES:
+            raise ConfigError(f"last_batch must be one of {LAST_BATCH_MODES}, got {self.last_batch!r}")
+
+    @property
+    def num_virtual_workers(self) -> int:
+        """V = world_size * num_workers."""
+        return self.world_size * self.num_workers
+
+    @property
+    def mini_batch(self) -> int:
+        """Samples each worker contributes to each batch."""
+        return self.batch_size // self.num_workers
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size
+
+
 class Segment(NamedTuple):
     """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
     first of them is at ``position`` in the epoch's sample sequence."""
@@ -83,7 +127,7 @@ class Segment(NamedTuple):
 
 
 @dataclass(frozen=True)
-class PlanSpec:
+class PlanSpec(BatchLayout):
     """Everything a plan depends on except the epoch; validated on construction."""
 
     shard_sizes: Tuple[int, ...]
@@ -97,21 +141,10 @@ class PlanSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
-        for name in ("world_size", "num_workers", "batch_size", "shuffle_buffer"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(self, "shuffle_buffer")
+        self._check_layout()
         if any(s < 0 for s in self.shard_sizes):
             raise ConfigError(f"shard sizes must be non-negative, got {self.shard_sizes}")
-        if self.batch_size % self.num_workers:
-            raise ConfigError(
-                f"batch_size ({self.batch_size}) must be a multiple of py_num_workers "
-                f"({self.num_workers}): each worker fills an equal slice of every batch. "
-                f"Use e.g. batch_size={self.batch_size // self.num_workers * self.num_workers or self.num_workers}"
-                f" or py_num_workers that divides {self.batch_size}"
-            )
-        if self.last_batch not in LAST_BATCH_MODES:
-            raise ConfigError(f"last_batch must be one of {LAST_BATCH_MODES}, got {self.last_batch!r}")
         if self.num_samples == 0:
             raise EmptyDatasetError(
                 f"the {len(self.shard_sizes)} shard(s) hold no samples; check the shard paths "
@@ -129,20 +162,6 @@ class PlanSpec:
     def num_samples(self) -> int:
         """Samples in the dataset (T)."""
         return sum(self.shard_sizes)
-
-    @property
-    def num_virtual_workers(self) -> int:
-        """V = world_size * num_workers."""
-        return self.world_size * self.num_workers
-
-    @property
-    def mini_batch(self) -> int:
-        """Samples each worker contributes to each batch."""
-        return self.batch_size // self.num_workers
-
-    @property
-    def global_batch(self) -> int:
-        return self.world_size * self.batch_size
 
     @property
     def steps_per_epoch(self) -> int:

@@ -6,31 +6,31 @@ from __future__ import annotations
 
 import logging
 import lzma
-import os
 import zlib
 from typing import Iterator, List, Optional, Sequence
 
-import numpy as np
 
 from .errors import ShardError, ShardFormatError
-from .layout import EMPTY, Packed, SampleLayout, table_slot
-from .planner import _bitgen
+from .layout import Packed, SampleLayout
+from .planner import _bitgen, _random_ints
 from .remote import DEFAULT_STORAGE, StorageConfig
 from .storage import read_ahead
 from .streaming import StreamingSpec, stream_index
 from .tarformat import TarReader
-from .worker_source import entered_process, shard_error
+from .worker_source import ProcessEpochs, shard_error
 
 log = logging.getLogger("dali_shards")
 _TAG_STREAM_BUFFER = 0x5342_5546
 
 
-class StreamingWorkerSource:
+class StreamingWorkerSource(ProcessEpochs):
     """The padded batches of local worker ``worker`` of ``rank``; one epoch per ``iter()``.
 
     The stream position carries over from one epoch to the next within a worker process; a
     pipeline starting at epoch ``e`` (a fresh start or a resume) begins the stream at cycle ``e``.
     """
+
+    _process_state = ("_stream",)
 
     def __init__(
         self,
@@ -58,48 +58,29 @@ class StreamingWorkerSource:
         self.on_error = on_error
         self.storage = storage
         self.byte_sizes = tuple(byte_sizes) or (None,) * len(urls)
-        self._pid: Optional[int] = None
-        self._epoch = start_epoch
-        self._stream: Optional[Iterator[Packed]] = None
+        self._stream: Optional[Iterator[Packed]] = None  # the endless stream, per process
         self._cycle_samples: Optional[int] = None  # samples in one pass over the worker's shards
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_pid"], state["_stream"] = None, None
-        return state
-
     def __iter__(self) -> Iterator[list]:
-        pid = os.getpid()
-        if self._pid != pid:
-            self._pid, self._epoch, self._stream = pid, self.start_epoch, None
-            entered_process()
-        else:
-            self._epoch += 1
+        epoch = self.next_epoch()
         steps = self.spec.steps_per_epoch
-        if self._epoch == self.start_epoch and self.first_steps is not None:
+        if epoch == self.start_epoch and self.first_steps is not None:
             steps = self.first_steps
         return self._batches(steps)
 
     def _batches(self, steps: int) -> Iterator[list]:
-        spec, layout = self.spec, self.layout
-        m = spec.mini_batch
-        base = self.worker * m
+        spec = self.spec
         for _ in range(steps):
             if self._stream is None:
                 self._stream = self._shuffled(self._samples(self.start_epoch))
-            batch = [EMPTY] * spec.batch_size
-            samples = [next(self._stream) for _ in range(m)]
-            for i, packed in enumerate(samples):
-                batch[base + i] = layout.slot_array(packed)
-            if layout.table:
-                batch[table_slot(self.worker, spec.num_workers, m)] = layout.table_array(samples)
-            yield batch
+            samples = [next(self._stream) for _ in range(spec.mini_batch)]
+            yield self.layout.worker_batch(samples, self.worker, spec.num_workers, spec.batch_size)
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:
         if not self.spec.shuffle or self.shuffle_buffer <= 1:
             yield from samples
             return
-        rand = np.random.Generator(_bitgen(_TAG_STREAM_BUFFER, self.spec.seed, self.virtual_worker, self.start_epoch))
+        rand = _random_ints(_bitgen(_TAG_STREAM_BUFFER, self.spec.seed, self.virtual_worker, self.start_epoch))
         buf: List[Packed] = []
         self._cycle_samples = None
         for packed in samples:
@@ -107,7 +88,7 @@ class StreamingWorkerSource:
             if len(buf) < min(self.shuffle_buffer, self._cycle_samples or self.shuffle_buffer):
                 buf.append(packed)
                 continue
-            j = int(rand.integers(len(buf)))
+            j = next(rand) % len(buf)
             out, buf[j] = buf[j], packed
             yield out
 

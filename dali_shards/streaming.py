@@ -18,14 +18,14 @@ from typing import List, Tuple
 import numpy as np
 
 from .errors import ConfigError
-from .planner import LAST_BATCH_MODES, PlanSpec, _bitgen
+from .planner import BatchLayout, PlanSpec, _bitgen, check_positive
 
 _TAG_OWNER = 0x4F57_4E45
 _TAG_CYCLE = 0x4359_434C
 
 
 @dataclass(frozen=True)
-class StreamingSpec:
+class StreamingSpec(BatchLayout):
     """Everything the streaming plan depends on; validated on construction."""
 
     num_shards: int
@@ -38,16 +38,8 @@ class StreamingSpec:
     last_batch: str = "pad"
 
     def __post_init__(self) -> None:
-        for name in ("num_shards", "samples_per_epoch", "world_size", "num_workers", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.batch_size % self.num_workers:
-            raise ConfigError(
-                f"batch_size ({self.batch_size}) must be a multiple of py_num_workers ({self.num_workers})"
-            )
-        if self.last_batch not in LAST_BATCH_MODES:
-            raise ConfigError(f"last_batch must be one of {LAST_BATCH_MODES}, got {self.last_batch!r}")
+        check_positive(self, "num_shards", "samples_per_epoch")
+        self._check_layout()
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 f"samples_per_epoch={self.samples_per_epoch} with last_batch='drop' is less than one global "
@@ -55,18 +47,9 @@ class StreamingSpec:
             )
 
     @property
-    def num_virtual_workers(self) -> int:
-        return self.world_size * self.num_workers
-
-    @property
-    def mini_batch(self) -> int:
-        return self.batch_size // self.num_workers
-
-    @property
     def steps_per_epoch(self) -> int:
-        per_step = self.world_size * self.batch_size
         round_ = math.ceil if self.last_batch == "pad" else math.floor
-        return int(round_(self.samples_per_epoch / per_step))
+        return int(round_(self.samples_per_epoch / self.global_batch))
 
     @property
     def quota(self) -> int:

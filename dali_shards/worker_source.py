@@ -18,7 +18,7 @@ import zlib
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .errors import ShardAccessError, ShardError, ShardFormatError
-from .layout import EMPTY, Packed, SampleLayout, table_slot
+from .layout import Packed, SampleLayout
 from .planner import EpochPlan, PlanSpec, Segment
 from .remote import DEFAULT_STORAGE, StorageConfig
 from .storage import read_ahead
@@ -38,7 +38,36 @@ class Skipped(NamedTuple):
     reason: str
 
 
-class WorkerSource:
+class ProcessEpochs:
+    """Epoch counting for a worker source: DALI calls ``iter()`` once per epoch in the worker
+    process (and once in the main process when the pipeline is defined), so epochs count per
+    process from ``start_epoch``. Per-process state (names in ``_process_state``) is dropped
+    when pickled and reset in a new process."""
+
+    start_epoch: int
+    _process_state: Tuple[str, ...] = ()
+
+    def next_epoch(self) -> int:
+        """The epoch the coming ``iter()`` starts."""
+        pid = os.getpid()
+        if getattr(self, "_pid", None) != pid:
+            self._pid, self._epoch = pid, self.start_epoch
+            for name in self._process_state:
+                setattr(self, name, None)
+            entered_process()
+        else:
+            self._epoch += 1
+        return self._epoch
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pid"] = None
+        for name in self._process_state:
+            state[name] = None
+        return state
+
+
+class WorkerSource(ProcessEpochs):
     """The padded batches of local worker ``worker`` of ``rank`` (virtual worker
     ``rank * num_workers + worker``), one epoch per ``iter()``, starting at ``start_epoch``.
 
@@ -74,28 +103,15 @@ class WorkerSource:
         self.virtual_worker = rank * spec.num_workers + worker
         self.start_epoch = start_epoch
         self.resume_plan = resume_plan
-        self._pid: Optional[int] = None
-        self._epoch = start_epoch
 
     def __iter__(self) -> "EpochBatches":
-        pid = os.getpid()
-        if self._pid != pid:
-            self._pid, self._epoch = pid, self.start_epoch
-            entered_process()
-        else:
-            self._epoch += 1
-        return EpochBatches(self, self._epoch)
+        return EpochBatches(self, self.next_epoch())
 
     def plan_for(self, epoch: int) -> EpochPlan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
         if self.resume_plan is not None and self.resume_plan.epoch == epoch:
             return self.resume_plan
         return self.spec.epoch(epoch)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_pid"] = None
-        return state
 
 
 class EpochBatches:
@@ -131,13 +147,9 @@ class EpochBatches:
         if self._step >= self._steps:
             self._close()
             raise StopIteration
-        m = spec.mini_batch
-        layout = src.layout
-        batch = [EMPTY] * spec.batch_size
-        base = src.worker * m
         samples = []
         try:
-            for i in range(m):
+            for _ in range(spec.mini_batch):
                 pos, valid = next(self._order)
                 item = self._take(pos)
                 if isinstance(item, Skipped):
@@ -146,17 +158,14 @@ class EpochBatches:
                     packed = self._good = item
                 else:
                     packed = item.as_padding()
-                batch[base + i] = layout.slot_array(packed)
                 samples.append(packed)
         except StopIteration:  # never let a short read end this worker's epoch alone
             raise RuntimeError(
                 f"dali_shards internal error: worker {src.virtual_worker} ran out of planned samples at step "
                 f"{self._step} of epoch {self.epoch}; please report it"
             ) from None
-        if layout.table:
-            batch[table_slot(src.worker, spec.num_workers, m)] = layout.table_array(samples)
         self._step += 1
-        return batch
+        return src.layout.worker_batch(samples, src.worker, spec.num_workers, spec.batch_size)
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:

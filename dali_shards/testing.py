@@ -22,15 +22,28 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 class Faults:
     """What an :class:`HTTPShardServer` does wrong: the next ``fail`` GETs answer ``status``;
     the next ``cut`` GETs send ``cut_after`` bytes of their body and drop the connection;
-    ``stall`` GETs never answer. ``requests`` logs (path, Range header) of every GET."""
+    ``stall`` GETs never answer; the next ``stall_body`` GETs send ``stall_after`` bytes of their
+    body, then nothing more (the connection stays open); the next ``short`` GETs send
+    ``short_after`` bytes of their body without a ``Content-Length`` and close the connection, so
+    that the cut body looks complete. ``rate`` (bytes/s, 0: full speed) trickles every body.
+    ``sizeless`` answers every GET with the whole file and no size (no ``Content-Length``, no
+    ``Content-Range``, ``Range`` ignored, the end marked by closing the connection) and HEAD without
+    a size. ``requests`` logs (path, Range header) of every GET."""
 
     fail: int = 0
     status: int = 503
     cut: int = 0
     cut_after: int = 1000
     stall: int = 0
+    stall_body: int = 0
+    stall_after: int = 1000
+    short: int = 0
+    short_after: int = 1000
+    rate: float = 0.0
+    sizeless: bool = False
     requests: List[tuple] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def take(self, what: str) -> bool:
         with self.lock:
@@ -52,7 +65,7 @@ class _Handler(SimpleHTTPRequestHandler):
         with faults.lock:
             faults.requests.append((self.path, self.headers.get("Range")))
         if faults.take("stall"):
-            time.sleep(3600)
+            faults.stopped.wait(3600)
             return
         if faults.take("fail"):
             self.send_response(faults.status)
@@ -64,6 +77,14 @@ class _Handler(SimpleHTTPRequestHandler):
             self.send_error(404)
             return
         size = os.path.getsize(path)
+        if faults.sizeless:
+            self.send_response(200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            with open(path, "rb") as f:
+                self._send_body(f.read(), faults)
+            self.close_connection = True
+            return
         start, end = 0, size - 1
         m = _RANGE.match(self.headers.get("Range", ""))
         if m:
@@ -76,23 +97,50 @@ class _Handler(SimpleHTTPRequestHandler):
                 self.end_headers()
                 return
         length = end - start + 1
+        short = faults.take("short")
         self.send_response(206 if m else 200)
         self.send_header("Content-Type", "application/x-tar")
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("Content-Length", str(length))
+        if short:
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(length))
         if m:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
         with open(path, "rb") as f:
             f.seek(start)
             body = f.read(length)
+        if short:
+            self._send_body(body[: faults.short_after], faults)
+            self.close_connection = True
+            return
         if faults.take("cut"):
             self.wfile.write(body[: faults.cut_after])
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        self.wfile.write(body)
+        if faults.take("stall_body"):
+            self._send_body(body[: faults.stall_after], faults)
+            faults.stopped.wait(3600)
+            self.close_connection = True
+            return
+        self._send_body(body, faults)
+
+    def _send_body(self, body: bytes, faults: Faults) -> None:
+        """Send ``body``, at ``faults.rate`` bytes per second if set."""
+        if not faults.rate:
+            self.wfile.write(body)
+            self.wfile.flush()
+            return
+        piece = max(1024, int(faults.rate / 20))
+        for i in range(0, len(body), piece):
+            if faults.stopped.is_set():
+                return
+            self.wfile.write(body[i : i + piece])
+            self.wfile.flush()
+            time.sleep(len(body[i : i + piece]) / faults.rate)
 
     def do_HEAD(self) -> None:  # noqa: N802
         path = self.translate_path(self.path)
@@ -100,7 +148,8 @@ class _Handler(SimpleHTTPRequestHandler):
             self.send_error(404)
             return
         self.send_response(200)
-        self.send_header("Content-Length", str(os.path.getsize(path)))
+        if not self.server.faults.sizeless:  # type: ignore[attr-defined]
+            self.send_header("Content-Length", str(os.path.getsize(path)))
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
 
@@ -123,6 +172,7 @@ class HTTPShardServer:
         return self.httpd.faults  # type: ignore[attr-defined]
 
     def stop(self) -> None:
+        self.faults.stopped.set()  # stalled handlers return
         self.httpd.shutdown()
         self.httpd.server_close()
 

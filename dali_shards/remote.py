@@ -1,11 +1,12 @@
 """Reading objects from remote storage (``s3://``, ``gs://``, ``http(s)://``... through fsspec)
 as sequential streams: ranged requests of ``chunk_size`` bytes fetched ahead in a background
-thread, each retried with exponential backoff and resumed at the byte it stopped at.
+thread, each retried with exponential backoff and resumed at the byte it stopped at (see
+``ranged`` for the retries and what ``timeout`` bounds).
 
 A request that raises a transient error (connection reset or refused, 5xx, timeout, a body cut
-short) is retried; "not found" and "permission denied" are not. After ``retries`` retries the
-reader raises :class:`~dali_shards.errors.ShardAccessError` naming the URL. A request that does
-not answer within ``timeout`` seconds counts as failed, so a stalled server never hangs a worker.
+short) is retried; "not found", "permission denied" and a range past the end are not. After
+``retries`` retries the reader raises :class:`~dali_shards.errors.ShardAccessError` naming the
+URL, so a stalled server never hangs a worker.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 import io
 import logging
 import os
-import random
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple
+from typing import Any, Deque, Dict, Mapping, Optional, Tuple
 
 from .errors import ShardAccessError
+from .fsrequest import http_status  # noqa: F401 - part of this module's API
+from .ranged import RangeReader
 
 log = logging.getLogger("dali_shards")
 
@@ -36,9 +37,9 @@ class StorageConfig:
     ``read_ahead`` is the number of shards each worker opens ahead of the one it reads;
     ``chunk_size`` the bytes per ranged request and ``chunks_ahead`` how many of them each open
     shard holds ready. A failed request is retried ``retries`` times, waiting ``backoff`` seconds
-    and doubling up to ``max_backoff``; ``timeout`` bounds each request. ``cache_dir`` keeps
-    completely read remote shards on local disk, evicting the least recently used beyond
-    ``cache_limit`` bytes.
+    and doubling up to ``max_backoff``; ``timeout`` is the longest wait for bytes over HTTP and
+    the longest request elsewhere (see ``ranged``). ``cache_dir`` keeps completely read remote
+    shards on local disk, evicting the least recently used beyond ``cache_limit`` bytes.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -114,150 +115,37 @@ def filesystem(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Tuple[Any, 
     return fs, (url if protocol in ("http", "https") else fs._strip_protocol(url))
 
 
-def _permanent(exc: BaseException) -> bool:
-    """Errors that retrying cannot fix."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return True
-    status = getattr(exc, "status", None) or getattr(exc, "code", None)
-    return isinstance(status, int) and status in (400, 401, 403, 404, 405, 410)
-
-
-def http_status(exc: BaseException) -> Optional[int]:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
-
-
-def _call_with_timeout(func: Callable[[], Any], timeout: float) -> Any:
-    """``func()`` in a helper thread; ``TimeoutError`` if it takes longer than ``timeout``."""
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append((True, func()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box.append((False, exc))
-
-    t = threading.Thread(target=run, daemon=True, name="dali_shards-request")
-    t.start()
-    t.join(timeout)
-    if not box:
-        raise TimeoutError(f"no answer within {timeout:g} s")
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
-
-
-class RangeReader:
-    """Retried ranged reads of one remote object."""
-
-    def __init__(self, url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None):
-        self.url = url
-        self.config = config
-        self.fs, self.path = filesystem(url, config)
-        self.http = url.startswith(("http://", "https://"))
-        self.size = size
-        self.retried = 0  # transient failures overcome, for tests and logs
-
-    def retrying(self, what: str, func: Callable[[], Any], cancelled: Callable[[], bool] = lambda: False) -> Any:
-        """``func()``, retried on transient errors; a ``ShardAccessError`` naming ``what`` otherwise."""
-        cfg = self.config
-        for attempt in range(cfg.retries + 1):
-            try:
-                return _call_with_timeout(func, cfg.timeout)
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if _permanent(exc):
-                    reason = (
-                        "not found" if isinstance(exc, FileNotFoundError) or http_status(exc) in (404, 410) else exc
-                    )
-                    raise ShardAccessError(
-                        self.url,
-                        f"{what}: {reason}",
-                        hint="check the URL, the bucket and the credentials (storage_options=, AWS_* variables)",
-                    ) from exc
-                if attempt == cfg.retries or cancelled():
-                    raise ShardAccessError(
-                        self.url,
-                        f"{what} failed after {attempt + 1} attempts: {type(exc).__name__}: {exc}",
-                        hint="check that the server is up and reachable; raise retries=/timeout= for a flaky link",
-                    ) from exc
-                wait = min(cfg.backoff * (2**attempt), cfg.max_backoff) * (0.5 + random.random() / 2)
-                log.warning(
-                    "dali_shards: %s of %s failed (%s: %s); retry %d of %d in %.2f s",
-                    what,
-                    self.url,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                    cfg.retries,
-                    wait,
-                )
-                self.retried += 1
-                time.sleep(wait)
-        raise AssertionError("unreachable")
-
-    def object_size(self) -> Optional[int]:
-        """The object's size in bytes (one metadata request unless known); None if the server
-        does not say (plain HTTP without ``Content-Length``)."""
-        if self.size is None and not self.http:
-            self.size = int(self.retrying("size request", lambda: self.fs.size(self.path)))
-        return self.size
-
-    def read(self, start: int, end: int, cancelled: Callable[[], bool] = lambda: False) -> bytes:
-        """Bytes ``[start, end)``, fewer only at the end of the object. A body cut short is
-        requested again from the first missing byte."""
-        parts = []
-        pos = start
-        failures = 0
-        while pos < end:
-            try:
-                data = self.retrying(
-                    f"read of bytes {pos}-{end - 1}", lambda p=pos: self._get(p, end), cancelled=cancelled
-                )
-            except ShardAccessError as exc:
-                cause = exc.__cause__
-                if self.http and cause is not None and http_status(cause) == 416:  # past the end
-                    break
-                raise
-            if len(data) > end - pos:
-                if self.size is not None and len(data) == self.size:  # the server ignored Range
-                    data = data[pos:end]
-                else:
-                    raise ShardAccessError(self.url, f"asked for {end - pos} bytes at {pos}, got {len(data)}")
-            asked = end - pos
-            parts.append(data)
-            pos += len(data)
-            if len(data) < asked:  # short: the end of the object, or a body cut short
-                if self.size is None or pos >= self.size:
-                    break
-                failures += 1
-                if failures > self.config.retries:
-                    raise ShardAccessError(
-                        self.url,
-                        f"the body of bytes {start}-{end - 1} keeps stopping at byte {pos}",
-                        hint="the server cuts responses short; check it or raise retries=",
-                    )
-                self.retried += 1
-                log.warning("dali_shards: response for %s stopped at byte %d; resuming there", self.url, pos)
-        return b"".join(parts)
-
-    def _get(self, start: int, end: int) -> bytes:
-        if self.http and self.size is None:
-            return self.fs.cat_file(self.path, start=start, end=end)
-        stop = end if self.size is None else min(end, self.size)
-        if start >= stop:
-            return b""
-        return self.fs.cat_file(self.path, start=start, end=stop)
-
-
 class Tee:
-    """Where a stream copies its bytes (the cache): sequential chunks, then complete or abandon."""
+    """Where a stream copies its bytes (the cache): sequential chunks, then complete (with the
+    object's size as the server or the manifest confirmed it, None if unconfirmed) or abandon."""
 
     def write(self, offset: int, data: bytes) -> None: ...
 
-    def complete(self) -> None: ...
+    def complete(self, size: Optional[int] = None) -> None: ...
 
     def abandon(self) -> None: ...
+
+
+class _SizeCheck(threading.Thread):
+    """``reader.object_size()`` (a metadata request, checked against the size expected) in a
+    thread of its own; :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, reader: RangeReader):
+        super().__init__(daemon=True, name="dali_shards-size")
+        self.reader = reader
+        self.error: Optional[BaseException] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.reader.object_size()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self.error = exc
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
 
 
 class RemoteStream(io.RawIOBase):
@@ -317,33 +205,45 @@ class RemoteStream(io.RawIOBase):
         reader = self._reader
         stale = lambda: gen != self._gen or self.closed  # noqa: E731
         try:
-            size = reader.object_size()
+            check = None
+            if not reader.http and reader.size is None:
+                if reader.expected is None:
+                    reader.object_size()  # needed before the first read
+                else:
+                    check = _SizeCheck(reader)  # the server's size, asked alongside the first read
             while True:
                 with self._cond:
                     while len(self._chunks) >= cfg.chunks_ahead and not stale():
                         self._cond.wait()
                     if stale():
                         return
+                size = reader.known_size()
                 if size is not None and offset >= size:
                     data = b""
                 else:
                     data = reader.read(offset, offset + cfg.chunk_size, cancelled=stale)
+                if check is not None:
+                    check.result()  # a stale manifest fails before any byte is delivered
+                    check = None
+                size = reader.known_size()
+                done = len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
+                tee = self._tee
+                if tee is not None and done:  # published before the reader sees the end
+                    if data:
+                        tee.write(offset, data)
+                    tee.complete(self._confirmed_size())
                 with self._cond:
                     if stale():
                         return
                     if data:
                         self._chunks.append((offset, data))
-                    done = len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
                     self._frontier = offset + len(data)
                     if done:
                         self._eof_at = self._frontier
                     self._cond.notify_all()
                     tee = self._tee
-                if tee is not None:
-                    if data:
-                        tee.write(offset, data)
-                    if done:
-                        tee.complete()
+                if tee is not None and data and not done:
+                    tee.write(offset, data)
                 offset += len(data)
                 if done:
                     return
@@ -353,12 +253,23 @@ class RemoteStream(io.RawIOBase):
                     self._error = exc
                     self._cond.notify_all()
 
+    def _confirmed_size(self) -> Optional[int]:
+        """The object's size as the server (or else the manifest) gave it; one metadata request
+        if neither did; None if the server never tells it (its copy is then not cached)."""
+        reader = self._reader
+        if reader.known_size() is None:
+            try:
+                reader.size = reader.metadata_size()
+            except ShardAccessError:
+                return None
+        return reader.known_size()
+
     # -- the stream --------------------------------------------------------------------------
     def readable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
-        return self._reader.size is not None or not self._reader.http
+        return self._reader.known_size() is not None or not self._reader.http
 
     def tell(self) -> int:
         return self._pos

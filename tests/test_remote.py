@@ -116,8 +116,11 @@ def test_retries_resume_after_5xx_and_cut_connections(http, shard_dir):
     with stream:
         assert stream.read() == want
     assert stream.retried == 5
-    ranges = [r for _, r in http.faults.requests]
-    assert ranges.count("bytes=0-65535") == 6, "the failed request is repeated, the rest are not"
+    starts = [int(r.split("=")[1].split("-")[0]) for _, r in http.faults.requests]
+    # the failed requests are repeated; a cut one resumes after the bytes read before the cut (all
+    # 7000, or fewer when the cut arrived with unread bytes, which aiohttp then drops); the rest are not
+    assert starts[:4] == [0, 0, 0, 0] and 0 <= starts[4] <= 7000 and starts[4] <= starts[5] <= 14000
+    assert len([s for s in starts if s < 65536]) == 6
 
 
 def test_gives_up_with_an_error_naming_the_url(http):
@@ -343,6 +346,9 @@ def test_a_short_body_is_resumed_at_the_first_missing_byte():
             self.calls.append((start, end))
             got = self.fs.cat_file(path, start=start, end=end)
             return got[: len(got) // 3] if len(self.calls) <= 2 else got
+
+        def size(self, path):  # asked once, when a body comes short of the size expected
+            return self.fs.size(path)
 
     reader = RangeReader("memory://short/obj.tar", StorageConfig(**FAST), size=len(data))
     reader.fs = Cutting(reader.fs)

@@ -2,7 +2,12 @@
 fsspec, see ``remote``; served from the local cache when it holds them), plain or compressed.
 
 Compression is recognised from the first bytes (gzip, bzip2, xz), not from the file name, so
-``.tgz``, ``.tar.gz`` and misnamed shards all work.
+``.tgz``, ``.tar.gz`` and misnamed shards all work. A shard opened with the size its manifest
+(or the count at start) recorded is checked against it: a local file by its size when opened, a
+remote object by the size its server reports.
+
+Readers go through :func:`read_attempts`: a cached copy that fails to read is evicted and the
+shard read from its server once more; a server's copy that fails to read is not kept.
 """
 
 from __future__ import annotations
@@ -10,15 +15,19 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import logging
 import lzma
 import os
 import threading
-from typing import BinaryIO, Callable, Dict, Iterator, Optional, Sequence, Tuple
+import zlib
+from typing import Any, BinaryIO, Callable, Dict, Iterator, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
-from .cache import ShardCache
-from .errors import ShardAccessError, ShardError
+from .cache import CacheWriter, ShardCache
+from .errors import ShardAccessError, ShardError, ShardFormatError
 from .remote import DEFAULT_STORAGE, RemoteStream, StorageConfig, is_remote
+
+log = logging.getLogger("dali_shards")
 
 READ_BUFFER = 1 << 18
 _MAGIC = {
@@ -91,22 +100,16 @@ def shard_cache(config: StorageConfig) -> Optional[ShardCache]:
 
 def open_shard(url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
     """A readable binary stream of a shard's tar bytes (decompressed if needed). Remote shards
-    stream in ranged requests fetched ahead in the background; ``size`` (stored bytes, e.g. from
-    the manifest) spares a metadata request."""
-    return finish_open(start_open(url, config, size), url)
+    stream in ranged requests fetched ahead in the background. ``size`` (stored bytes, e.g. from
+    the manifest) is checked against the shard's (a ``ShardFormatError`` if they differ) and
+    spares a metadata request over HTTP."""
+    return ShardOpener(url, config, size)()
 
 
 def start_open(url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
     """The raw stream of a shard: a local file (its cached copy for a remote shard), or a remote
     stream whose background fetching has started; returns without waiting for data."""
-    if is_remote(url):
-        cache = shard_cache(config)
-        cached = cache.lookup(url, size) if cache is not None else None
-        if cached is not None:
-            return _open_local(cached, url)
-        tee = cache.writer(url, size) if cache is not None else None
-        return io.BufferedReader(RemoteStream(url, config, size, tee).start(), READ_BUFFER)
-    return _open_local(local_path(url), url)
+    return ShardOpener(url, config, size).start_raw()
 
 
 def finish_open(raw: BinaryIO, url: str) -> BinaryIO:
@@ -114,9 +117,9 @@ def finish_open(raw: BinaryIO, url: str) -> BinaryIO:
     return _decompressing(raw, url)
 
 
-def _open_local(path: str, url: str) -> BinaryIO:
+def _open_local(path: str, url: str, size: Optional[int] = None) -> BinaryIO:
     try:
-        return open(path, "rb", buffering=READ_BUFFER)
+        f = open(path, "rb", buffering=READ_BUFFER)
     except FileNotFoundError:
         raise ShardAccessError(url, "file not found", hint="check the shard path or pattern") from None
     except IsADirectoryError:
@@ -125,6 +128,17 @@ def _open_local(path: str, url: str) -> BinaryIO:
         raise ShardAccessError(url, "permission denied", hint="make the shard readable by this user") from None
     except OSError as exc:
         raise ShardAccessError(url, f"cannot open: {exc}", hint="check the file system") from None
+    actual = os.fstat(f.fileno()).st_size
+    if size is not None and actual != size:
+        f.close()
+        raise ShardFormatError(
+            url,
+            f"has {actual} bytes, but {size} when it was counted (its manifest, or the scan at start): it changed "
+            "since, so its sample count cannot be trusted",
+            hint="run `dali-shards index` on the shards again to rewrite the manifest (or restart, so that it is "
+            "counted again)",
+        )
+    return f
 
 
 def _decompressing(raw: BinaryIO, url: str) -> BinaryIO:
@@ -156,56 +170,147 @@ def _advise_will_need(url: str) -> None:
         os.close(fd)
 
 
-class _Pending:
-    """A shard opened ahead of its turn (fetching in the background), or the error opening it raised."""
+class ShardOpener:
+    """Opens one shard when called (a remote one may be started ahead with :meth:`start`), and
+    remembers what it opened: its cached copy, or the cache copy being written, so that
+    :func:`read_attempts` can evict a copy that fails to read."""
 
-    def __init__(self, url: str, opener: Callable[[], BinaryIO]):
+    def __init__(self, url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None):
         self.url = url
-        self.stream: Optional[BinaryIO] = None
-        self.error: Optional[BaseException] = None
-        try:
-            self.stream = opener()
-        except ShardError as exc:
-            self.error = exc
+        self.config = config
+        self.size = size
+        self.cached: Optional[str] = None  # the cached copy opened last, if any
+        self._tee: Optional[CacheWriter] = None
+        self._ahead: Optional[BinaryIO] = None
+        self._error: Optional[ShardError] = None
 
-    def take(self) -> BinaryIO:
-        if self.error is not None:
-            raise self.error
-        stream, self.stream = self.stream, None
+    def start(self) -> "ShardOpener":
+        """Start opening now (a remote stream begins fetching); errors wait for the call."""
         try:
-            return finish_open(stream, self.url)
+            self._ahead = self.start_raw()
+        except ShardError as exc:
+            self._error = exc
+        return self
+
+    def __call__(self, from_server: bool = False) -> BinaryIO:
+        """The shard's tar bytes; ``from_server`` passes over the cache (to read its server's copy)."""
+        raw, self._ahead = self._ahead, None
+        if from_server and raw is not None:
+            raw.close()
+            raw = None
+        if raw is None:
+            if self._error is not None and not from_server:
+                raise self._error
+            raw = self.start_raw(from_server)
+        try:
+            return finish_open(raw, self.url)
         except BaseException:
-            stream.close()
+            raw.close()
             raise
 
+    def start_raw(self, from_server: bool = False) -> BinaryIO:
+        """The raw stream (see :func:`start_open`)."""
+        self.cached, self._tee = None, None
+        if not is_remote(self.url):
+            return _open_local(local_path(self.url), self.url, self.size)
+        cache = shard_cache(self.config)
+        if cache is not None and not from_server:
+            self.cached = cache.lookup(self.url, self.size)
+            try:
+                if self.cached is not None:
+                    return _open_local(self.cached, self.url)
+            except ShardAccessError:  # evicted meanwhile by another process
+                self.cached = None
+        self._tee = cache.writer(self.url, self.size) if cache is not None else None
+        return io.BufferedReader(RemoteStream(self.url, self.config, self.size, self._tee).start(), READ_BUFFER)
+
+    def drop_copy(self) -> None:
+        """Reading what was opened failed: keep no cached copy of the shard."""
+        if self._tee is not None:
+            self._tee.withdraw()
+        cache = shard_cache(self.config)
+        if self.cached is not None and cache is not None:
+            cache.evict(self.url)
+
     def close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
+        """Close a stream started ahead and never taken."""
+        raw, self._ahead = self._ahead, None
+        if raw is not None:
+            raw.close()
+
+
+READ_ERRORS = (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError)
+
+
+class Attempt:
+    """One attempt at reading a shard: ``with attempt as stream:`` (see :func:`read_attempts`)."""
+
+    def __init__(self, opener: Callable[..., BinaryIO], from_server: bool = False):
+        self.opener = opener
+        self.from_server = from_server
+        self.retry = False
+        self._stream: Optional[BinaryIO] = None
+
+    def __enter__(self) -> BinaryIO:
+        self._stream = self.opener(from_server=True) if self.from_server else self.opener()
+        return self._stream
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        self._stream.close()
+        if exc is None or not isinstance(exc, READ_ERRORS) or not isinstance(self.opener, ShardOpener):
+            return False
+        opener = self.opener
+        cached = opener.cached
+        opener.drop_copy()
+        if cached is None or self.from_server:
+            return False
+        log.warning(
+            "dali_shards: the cached copy %s of shard %s cannot be read (%s); evicted it, reading the shard from "
+            "the server",
+            cached,
+            opener.url,
+            exc,
+        )
+        self.retry = True
+        return True
+
+
+def read_attempts(opener: Callable[..., BinaryIO]) -> Iterator[Attempt]:
+    """Attempts at reading one shard::
+
+        for attempt in read_attempts(opener):
+            with attempt as stream:
+                ...  # read it; pass over what an earlier attempt already delivered
+
+    The first reads what ``opener`` opens. If that was a cached copy of a remote shard and
+    reading it raises a read error (a tar, decompression or I/O error), the copy is evicted with a
+    warning naming it, the error is swallowed, and a second attempt reads the shard from its
+    server. A server's copy that fails to read is not kept in the cache (the error goes on)."""
+    first = Attempt(opener)
+    yield first
+    if first.retry:
+        yield Attempt(opener, from_server=True)
 
 
 def read_ahead(
     urls: Sequence[str], config: StorageConfig = DEFAULT_STORAGE, sizes: Sequence[Optional[int]] = ()
-) -> Iterator[Callable[[], BinaryIO]]:
+) -> Iterator[ShardOpener]:
     """One opener per URL, in order; while one shard is read, the next ``config.read_ahead``
     remote shards are already fetching their first chunks (local ones are announced to the
     kernel). Streams opened ahead and never taken are closed when the iteration ends."""
     sizes = list(sizes) + [None] * (len(urls) - len(sizes))
-    pending: Dict[int, _Pending] = {}
-
-    def open_at(i: int) -> _Pending:
-        return _Pending(urls[i], lambda: start_open(urls[i], config, sizes[i]))
-
+    pending: Dict[int, Optional[ShardOpener]] = {}
     try:
         for i in range(len(urls)):
             for j in range(i + 1, min(len(urls), i + 1 + config.read_ahead)):
                 if j not in pending:
                     if is_remote(urls[j]):
-                        pending[j] = open_at(j)
+                        pending[j] = ShardOpener(urls[j], config, sizes[j]).start()
                     else:
                         _advise_will_need(urls[j])
                         pending[j] = None
             ahead = pending.pop(i, None)
-            yield (ahead.take if ahead is not None else (lambda i=i: open_shard(urls[i], config, sizes[i])))
+            yield ahead if ahead is not None else ShardOpener(urls[i], config, sizes[i])
     finally:
         for p in pending.values():
             if p is not None:

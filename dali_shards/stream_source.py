@@ -14,7 +14,7 @@ from .errors import ShardError, ShardFormatError
 from .layout import Packed, SampleLayout
 from .planner import _bitgen, _random_ints
 from .remote import DEFAULT_STORAGE, StorageConfig
-from .storage import read_ahead
+from .storage import read_ahead, read_attempts
 from .streaming import StreamingSpec, stream_index
 from .tarformat import TarReader
 from .worker_source import ProcessEpochs, shard_error
@@ -121,15 +121,19 @@ class StreamingWorkerSource(ProcessEpochs):
 
     def _read_shard(self, shard: int, opener) -> Iterator[Packed]:
         url = self.urls[shard]
+        given = 0  # samples passed on (a second attempt, from the server, starts after them)
         try:
-            with opener() as stream:
-                for sample in TarReader(stream, url).samples(self.layout.extensions, into=self.layout.destination):
-                    try:
-                        yield self.layout.pack(sample, stream_index(shard, sample.position))
-                    except ShardError as exc:
-                        if self.on_error == "raise":
-                            raise
-                        log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
+            for attempt in read_attempts(opener):  # a cached copy that fails is read again from the server
+                with attempt as stream:
+                    samples = TarReader(stream, url).samples(self.layout.extensions, start=given, into=self.layout.destination)
+                    for sample in samples:
+                        given = sample.position + 1
+                        try:
+                            yield self.layout.pack(sample, stream_index(shard, sample.position))
+                        except ShardError as exc:
+                            if self.on_error == "raise":
+                                raise
+                            log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
         except (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             error = shard_error(url, exc)
             if self.on_error == "raise":

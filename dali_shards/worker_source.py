@@ -21,7 +21,7 @@ from .errors import ShardAccessError, ShardError, ShardFormatError
 from .layout import Packed, SampleLayout
 from .planner import EpochPlan, PlanSpec, Segment
 from .remote import DEFAULT_STORAGE, StorageConfig
-from .storage import read_ahead
+from .storage import read_ahead, read_attempts
 from .tarformat import TarReader
 
 
@@ -272,33 +272,34 @@ def _read_in_order(plan, segments, urls, layout, needed, on_error, openers):
         base = seg.position - seg.first  # sequence position of the shard's sample 0
         done = set()
         try:
-            with opener() as stream:
-                reader = TarReader(stream, url)
-                samples = reader.samples(
-                    layout.extensions,
-                    start=seg.first,
-                    stop=seg.stop,
-                    into=layout.destination,
-                    select=lambda local, base=base: needed(base + local),
-                )
-                for sample in samples:
-                    position = base + sample.position
-                    try:
-                        item: Union[Packed, Skipped] = layout.pack(sample, offset + sample.position)
-                    except ShardError as exc:
-                        if on_error == "raise":
-                            raise
-                        item = Skipped(offset + sample.position, url, sample.key, exc.detail)
-                    done.add(position)
-                    yield position, item
-            if reader.samples_seen < seg.stop:
-                raise ShardFormatError(
-                    url,
-                    f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned "
-                    f"(sample {reader.samples_seen} is missing)",
-                    hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
-                    "or restart so it is scanned again",
-                )
+            for attempt in read_attempts(opener):  # a cached copy that fails is read again from the server
+                with attempt as stream:
+                    reader = TarReader(stream, url)
+                    samples = reader.samples(
+                        layout.extensions,
+                        start=seg.first,
+                        stop=seg.stop,
+                        into=layout.destination,
+                        select=lambda local, base=base: needed(base + local) and base + local not in done,
+                    )
+                    for sample in samples:
+                        position = base + sample.position
+                        try:
+                            item: Union[Packed, Skipped] = layout.pack(sample, offset + sample.position)
+                        except ShardError as exc:
+                            if on_error == "raise":
+                                raise
+                            item = Skipped(offset + sample.position, url, sample.key, exc.detail)
+                        done.add(position)
+                        yield position, item
+                    if reader.samples_seen < seg.stop:
+                        raise ShardFormatError(
+                            url,
+                            f"holds fewer samples than the {plan.spec.shard_sizes[seg.shard]} planned "
+                            f"(sample {reader.samples_seen} is missing)",
+                            hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
+                            "or restart so it is scanned again",
+                        )
         except (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             error = shard_error(url, exc)
             if on_error == "raise":

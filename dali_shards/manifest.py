@@ -7,6 +7,11 @@ size and its member bytes per extension::
     {"format": "dali-shards-manifest", "version": 1,
      "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
                  "ext_bytes": {"cls": 3000, "jpg": 104000000}}, ...]}
+
+Every field is checked when read (``url`` a string, ``samples`` an integer >= 0, ``bytes`` an
+integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
+``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
+the manifest, the entry and the field.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, ShardAccessError, ShardError
+from .fsrequest import probe, unreachable
 from .remote import DEFAULT_STORAGE, RangeReader, StorageConfig, filesystem, http_status, is_remote
 from .storage import local_path, open_shard, shard_size
 from .tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
@@ -65,8 +71,8 @@ def stored_size(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Optional[i
     reader = RangeReader(url, config)
     if reader.http:
         try:
-            return int(reader.fs.size(reader.path))
-        except Exception:  # noqa: BLE001 - the size is optional
+            return reader.metadata_size()
+        except ShardAccessError:  # the size is optional over HTTP
             return None
     return reader.object_size()
 
@@ -162,42 +168,87 @@ def _read_text(path: str, config: StorageConfig) -> bytes:
             return f.read()
     reader = RangeReader(path, config)
     try:
-        return reader.retrying("manifest read", lambda: reader.fs.cat_file(reader.path))
+        return reader.whole("manifest read")
     except ShardAccessError as exc:
         cause = exc.__cause__
         if isinstance(cause, FileNotFoundError) or http_status(cause) in (404, 410):
             raise FileNotFoundError(path) from None
+        server = (unreachable(cause, path) or probe(reader.fs, path, cause)) if cause is not None else None
+        if server is not None:
+            raise ConfigError(
+                f"cannot read manifest {path!r}: the server {server} could not be reached "
+                f"({type(cause).__name__}: {cause}); check that it is up and that the URL (or endpoint_url=) is right"
+            ) from None
         raise ConfigError(f"cannot read manifest {path!r}: {exc.detail}; {exc.hint}") from None
 
 
 def read_manifest(path: str, config: StorageConfig = DEFAULT_STORAGE) -> List[ShardInfo]:
     """Shards and sample counts from a manifest (a local path or a URL); relative URLs are taken
-    from its directory."""
+    from its directory. A ConfigError names any field of the wrong type and any shard listed twice."""
     try:
-        doc = json.loads(_read_text(path, config))
+        text = _read_text(path, config)
     except FileNotFoundError:
         raise ManifestNotFound(f"manifest {path!r} not found") from None
+    try:
+        doc = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"manifest {path!r} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ConfigError(f'{path!r} is not a dali-shards manifest (expected "format": "{MANIFEST_FORMAT}")')
-    if doc.get("version", 0) > MANIFEST_VERSION:
-        raise ConfigError(f"manifest {path!r} has version {doc['version']}; upgrade dali_shards to read it")
+    version = doc.get("version", MANIFEST_VERSION)
+    if not _is_count(version):
+        raise ConfigError(f'manifest {path!r}: "version" must be an integer, got {version!r}')
+    if version > MANIFEST_VERSION:
+        raise ConfigError(f"manifest {path!r} has version {version}; upgrade dali_shards to read it")
+    entries = doc.get("shards", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f'manifest {path!r}: "shards" must be a list of entries, got {type(entries).__name__}')
     remote = is_remote(path)
     base = path.rsplit("/", 1)[0] if remote else os.path.dirname(os.path.abspath(local_path(path)))
-    shards = []
-    for i, entry in enumerate(doc.get("shards", [])):
-        try:
-            url, samples = str(entry["url"]), int(entry["samples"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f'manifest {path!r}: entry {i} needs "url" and integer "samples"') from None
-        if samples < 0:
-            raise ConfigError(f"manifest {path!r}: entry {i} has a negative sample count")
+    shards: List[ShardInfo] = []
+    first: Dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        info = _entry(path, i, entry)
+        url = info.url
         if "://" not in url and not url.startswith("/"):
             url = posixpath.join(base, url) if remote else os.path.join(base, url)
-        ext_bytes = entry.get("ext_bytes")
-        shards.append(ShardInfo(url, samples, entry.get("bytes"), None if ext_bytes is None else dict(ext_bytes)))
+        if url in first:
+            raise ConfigError(
+                f"manifest {path!r} lists shard {url!r} twice (entries {first[url]} and {i}); each shard may "
+                "appear once: remove one of them"
+            )
+        first[url] = i
+        shards.append(ShardInfo(url, info.samples, info.bytes, info.ext_bytes))
     return shards
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(path: str, i: int, entry: object) -> ShardInfo:
+    """Entry ``i`` of manifest ``path``, its fields checked."""
+
+    def bad(name: str, what: str) -> ConfigError:
+        value = entry.get(name) if isinstance(entry, dict) else entry
+        return ConfigError(f'manifest {path!r}: entry {i}: "{name}" must be {what}, got {value!r}')
+
+    if not isinstance(entry, dict):
+        raise ConfigError(f'manifest {path!r}: entry {i} must be an object with "url" and "samples", got {entry!r}')
+    if not isinstance(entry.get("url"), str) or not entry["url"]:
+        raise bad("url", "the shard's path or URL (a string)")
+    if not _is_count(entry.get("samples")) or entry["samples"] < 0:
+        raise bad("samples", "the shard's number of samples (an integer >= 0)")
+    size = entry.get("bytes")
+    if size is not None and (not _is_count(size) or size < 0):
+        raise bad("bytes", "the shard's size in bytes (an integer >= 0) or absent")
+    ext_bytes = entry.get("ext_bytes")
+    if ext_bytes is not None and (
+        not isinstance(ext_bytes, dict)
+        or not all(isinstance(k, str) and _is_count(v) and v >= 0 for k, v in ext_bytes.items())
+    ):
+        raise bad("ext_bytes", "a mapping of extensions to byte counts (integers >= 0) or absent")
+    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes))
 
 
 def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageConfig = DEFAULT_STORAGE) -> None:

@@ -54,6 +54,7 @@ _OPTIONS = (
     "retries",
     "request_timeout",
     "samples_per_epoch",
+    "stale_manifest",
 )
 log = logging.getLogger("dali_shards")
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
@@ -188,7 +189,15 @@ def build_sharded_pipeline(
     storage = storage_config(options)
     samples_per_epoch = options.get("samples_per_epoch")
     streaming = samples_per_epoch is not None
-    shards = tuple(resolve_source(options["source"], on_error=on_error, config=storage, counts=not streaming))
+    shards = tuple(
+        resolve_source(
+            options["source"],
+            on_error=on_error,
+            config=storage,
+            counts=not streaming,
+            stale_manifest=options.get("stale_manifest", "raise"),
+        )
+    )
     layout = choose_layout(options["fields"], shards, num_workers)
     seed = int(options.get("seed", 0))
     shuffle = bool(options.get("shuffle", False))
@@ -319,6 +328,7 @@ def sharded_pipeline(
     retries: int = 5,
     request_timeout: float = 60.0,
     samples_per_epoch: Optional[int] = None,
+    stale_manifest: str = "raise",
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
@@ -353,12 +363,16 @@ def sharded_pipeline(
         read_ahead: remote shards each worker opens ahead of the one it reads (0: none).
         cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
             least recently used beyond ``cache_limit`` bytes (None: no limit).
-        retries, request_timeout: a failed or stalled (``request_timeout`` seconds) remote
-            request is retried with exponential backoff, resumed at the first missing byte.
+        retries, request_timeout: a failed or stalled remote request is retried with exponential
+            backoff, resumed at the first missing byte. Over HTTP ``request_timeout`` is the
+            longest wait for the next bytes; elsewhere the longest request (a slow one is split).
         samples_per_epoch: the streaming (resampled) mode, for shards without sample counts:
             each worker cycles through its own shards and delivers an equal share of this many
             samples per epoch (rounded to whole global batches), all valid. Samples may repeat
             or be missed within an epoch; ``__index__`` is ``shard << 32 | position``.
+        stale_manifest: a local shard whose size differs from its manifest's ``bytes``:
+            ``"raise"`` refuses it (a ``ShardFormatError``), ``"rescan"`` counts it again from
+            its headers. Remote shards, and shards changed after the start, fail when opened.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.
@@ -389,6 +403,7 @@ def sharded_pipeline(
         "retries": retries,
         "request_timeout": request_timeout,
         "samples_per_epoch": samples_per_epoch,
+        "stale_manifest": stale_manifest,
     }
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:

@@ -207,6 +207,8 @@ def test_a_damaged_shard(tmp_path, bad, message, prefix):
     write_manifest(manifest, [replace(s, url=str(tmp_path / os.path.basename(s.url))) for s in scan_shards(paths)])
     check_raise(manifest, ShardFormatError, "s-1.tar", message)
     lost = list(range(6 + prefix, 10))  # s-1 holds __index__ 6..9; what follows the complete samples is lost
+    if bad is truncated:  # its size is not the manifest's: refused at start, or (skip) skipped whole when opened
+        lost = list(range(6, 10))
     counts = check_skip(manifest, lost)
     assert sorted(counts) == [i for i in range(6 + 4 + 5 + 7) if i not in lost]
 

@@ -1,0 +1,168 @@
+"""Manifests: a shard rewritten after indexing is refused (or counted again), every field is
+type-checked, and a shard listed twice is refused."""
+
+import json
+import os
+from collections import Counter
+
+import pytest
+
+from conftest import run_epochs
+from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
+from dali_shards.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.remote import RemoteStream, StorageConfig
+from dali_shards.shardlist import resolve_source
+from dali_shards.storage import open_shard
+from dali_shards.writer import write_shard
+
+FAST = dict(backoff=0.01, max_backoff=0.05)
+
+
+def samples(start, count):
+    return [{"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(start, start + count)]
+
+
+@pytest.fixture
+def indexed(tmp_path):
+    """Three shards of 4, 20 and 6 samples with their manifest."""
+    paths = [str(tmp_path / f"d-{i}.tar") for i in range(3)]
+    for i, (path, n) in enumerate(zip(paths, (4, 20, 6))):
+        write_shard(path, samples(100 * i, n))
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(paths))
+    return paths, manifest
+
+
+def rewrite(path, start, count):
+    old = os.path.getsize(path)
+    write_shard(path, samples(start, count))
+    assert os.path.getsize(path) != old
+    return old, os.path.getsize(path)
+
+
+# -- 10.6: stale manifests -------------------------------------------------------------------------
+def test_a_shard_rewritten_after_indexing_is_refused_naming_it(indexed):
+    paths, manifest = indexed
+    old, new = rewrite(paths[1], 100, 35)
+    with pytest.raises(ShardFormatError) as err:
+        resolve_source(manifest)
+    assert err.value.url == paths[1]
+    text = str(err.value)
+    assert str(old) in text and str(new) in text and "dali-shards index" in text and "stale_manifest" in text
+
+
+def test_rescan_counts_a_rewritten_shard_again(indexed, caplog):
+    paths, manifest = indexed
+    rewrite(paths[1], 100, 35)
+    with caplog.at_level("WARNING", logger="dali_shards"):
+        shards = resolve_source(manifest, stale_manifest="rescan")
+    assert [s.samples for s in shards] == [4, 35, 6]
+    assert shards[1].bytes == os.path.getsize(paths[1])
+    assert paths[1] in caplog.text
+    with pytest.raises(ConfigError, match="stale_manifest"):
+        resolve_source(manifest, stale_manifest="ignore")
+
+
+def txt_pipeline(source, **kw):
+    @sharded_pipeline(source, fields=("__index__", "__valid__"), batch_size=2, py_num_workers=1, num_threads=1, device_id=None, **kw)
+    def pipe(index, valid):
+        return index, valid
+
+    return pipe
+
+
+def test_pipeline_option_rescan_delivers_every_sample_of_the_rewritten_shard(indexed):
+    """The issue's case: 35 samples where the manifest says 20 -- all 35 arrive, exactly once."""
+    paths, manifest = indexed
+    rewrite(paths[1], 100, 35)
+    with pytest.raises(ShardFormatError, match="d-1.tar"):
+        txt_pipeline(manifest)()
+    (epoch,) = run_epochs(txt_pipeline(manifest, stale_manifest="rescan")(), 1)
+    seen = Counter(int(i) for index, valid in epoch for i, v in zip(index, valid) if v)
+    assert sorted(seen) == list(range(4 + 35 + 6)) and max(seen.values()) == 1
+
+
+def test_a_shard_rewritten_after_start_fails_when_opened(indexed):
+    paths, manifest = indexed
+    info = resolve_source(manifest)[1]
+    old, new = rewrite(paths[1], 100, 35)
+    with pytest.raises(ShardFormatError) as err:
+        open_shard(info.url, size=info.bytes)
+    assert err.value.url == paths[1] and str(old) in str(err.value) and str(new) in str(err.value)
+    assert "dali-shards index" in str(err.value)
+
+
+def test_a_remote_shard_of_another_size_than_its_manifest_fails_when_opened(tmp_path):
+    pytest.importorskip("aiohttp")
+    from dali_shards.testing import HTTPShardServer
+
+    path = str(tmp_path / "d-0.tar")
+    write_shard(path, samples(0, 20))
+    indexed_size = os.path.getsize(path)
+    rewrite(path, 0, 35)
+    real = os.path.getsize(path)
+    with HTTPShardServer(str(tmp_path)) as server:
+        url = f"{server.url}/d-0.tar"
+        with pytest.raises(ShardFormatError) as err:
+            open_shard(url, StorageConfig(**FAST), size=indexed_size).read()
+    assert err.value.url == url and f"{real}" in str(err.value) and f"{indexed_size}" in str(err.value)
+    # a store without ranged streaming (the size comes from a metadata request when opened)
+    import fsspec
+
+    fsspec.filesystem("memory").pipe_file("/stale/d-0.tar", open(path, "rb").read())
+    with pytest.raises(ShardFormatError, match=f"{real}.*{indexed_size}|{indexed_size}.*{real}"):
+        with RemoteStream("memory://stale/d-0.tar", StorageConfig(**FAST), size=indexed_size) as s:
+            s.read()
+
+
+# -- 10.13: manifest fields and duplicate shards ---------------------------------------------------
+GOOD = {"url": "a.tar", "samples": 3, "bytes": 10240, "ext_bytes": {"txt": 30}}
+
+
+@pytest.mark.parametrize(
+    "doc, where",
+    [
+        ({"version": "x", "shards": [GOOD]}, '"version"'),
+        ({"version": 1.5, "shards": [GOOD]}, '"version"'),
+        ({"version": 1, "shards": {"a": GOOD}}, '"shards"'),
+        ({"version": 1, "shards": ["a.tar"]}, "entry 0"),
+        ({"version": 1, "shards": [GOOD, {**GOOD, "url": 7}]}, 'entry 1.*"url"'),
+        ({"version": 1, "shards": [{**GOOD, "samples": "12"}]}, 'entry 0.*"samples"'),
+        ({"version": 1, "shards": [{**GOOD, "samples": 2.5}]}, 'entry 0.*"samples"'),
+        ({"version": 1, "shards": [{**GOOD, "samples": True}]}, 'entry 0.*"samples"'),
+        ({"version": 1, "shards": [{**GOOD, "samples": -1}]}, 'entry 0.*"samples"'),
+        ({"version": 1, "shards": [{**GOOD, "bytes": "10k"}]}, 'entry 0.*"bytes"'),
+        ({"version": 1, "shards": [{**GOOD, "bytes": -5}]}, 'entry 0.*"bytes"'),
+        ({"version": 1, "shards": [{**GOOD, "ext_bytes": "txt"}]}, 'entry 0.*"ext_bytes"'),
+        ({"version": 1, "shards": [{**GOOD, "ext_bytes": [["txt", 3]]}]}, 'entry 0.*"ext_bytes"'),
+        ({"version": 1, "shards": [{**GOOD, "ext_bytes": {"txt": "30"}}]}, 'entry 0.*"ext_bytes"'),
+        ({"version": 1, "shards": [{**GOOD, "ext_bytes": {"txt": -3}}]}, 'entry 0.*"ext_bytes"'),
+    ],
+)
+def test_every_manifest_field_is_checked(tmp_path, doc, where):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"format": "dali-shards-manifest", **doc}))
+    with pytest.raises(ConfigError, match=where) as err:
+        read_manifest(str(path))
+    assert str(path) in str(err.value)
+
+
+def test_a_valid_manifest_still_reads(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"format": "dali-shards-manifest", "version": 1, "shards": [GOOD, {"url": "b.tar", "samples": 0}]}))
+    a, b = read_manifest(str(path))
+    assert (a.samples, a.bytes, a.ext_bytes) == (3, 10240, {"txt": 30}) and (b.bytes, b.ext_bytes) == (None, None)
+
+
+def test_a_shard_listed_twice_is_refused(indexed, tmp_path):
+    paths, manifest = indexed
+    with pytest.raises(ConfigError, match=r"d-1\.tar.*twice.*item 1.*item 2") as err:
+        resolve_source([paths[0], paths[1], os.path.relpath(paths[1])])
+    with pytest.raises(ConfigError, match=r"d-0\.tar.*twice.*manifest.*pattern"):
+        resolve_source([manifest, str(tmp_path / "d-{0..1}.tar")])
+    doc = json.load(open(manifest))
+    doc["shards"].append(doc["shards"][0])
+    json.dump(doc, open(manifest, "w"))
+    with pytest.raises(ConfigError, match=r"d-0\.tar.*twice.*entr(y|ies) 0.*3") as err:
+        read_manifest(manifest)
+    assert manifest in str(err.value)

@@ -154,6 +154,40 @@ def test_streaming_mode_recovers_from_a_truncated_cached_copy(served, tmp_path):
     assert open(cache.path_for(url), "rb").read() == open(paths[0], "rb").read(), "read again and cached whole"
 
 
+def test_planned_mode_recovers_from_a_damaged_cached_copy(served, tmp_path):
+    """With a manifest (sizes known): a cached copy of the right size but a damaged header is
+    evicted and read from the server; every sample arrives exactly once."""
+    from collections import Counter
+
+    from dali_shards.manifest import scan_shards, write_manifest
+
+    server, paths = served
+    write_manifest(os.path.join(os.path.dirname(paths[0]), "manifest.json"), scan_shards(paths))
+    cache = ShardCache(str(tmp_path / "cache"))
+    url = f"{server.url}/sample-000002.tar"
+    damaged = bytearray(open(paths[2], "rb").read())
+    with tarfile.open(paths[2]) as tar:
+        damaged[tar.getmembers()[4].offset + 20] ^= 0xFF
+    open(cache.path_for(url), "wb").write(bytes(damaged))
+
+    @sharded_pipeline(
+        f"{server.url}/sample-{{000000..000002}}.tar",
+        fields=("__index__", "__valid__"),
+        batch_size=2,
+        py_num_workers=2,
+        cache_dir=str(tmp_path / "cache"),
+        num_threads=1,
+        device_id=None,
+    )
+    def pipe(index, valid):
+        return index, valid
+
+    (epoch,) = run_epochs(pipe(), 1)
+    seen = Counter(int(i) for index, valid in epoch for i, v in zip(index, valid) if v)
+    assert sorted(seen) == list(range(sum(SIZES))) and max(seen.values()) == 1
+    assert open(cache.path_for(url), "rb").read() == open(paths[2], "rb").read()
+
+
 # -- 10.12: temporary files ---------------------------------------------------------------------
 WRITER = textwrap.dedent(
     """

@@ -3,6 +3,7 @@ means (retry or not, the server unreachable, the shard not the size its manifest
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from typing import Any, Callable, Optional
@@ -142,5 +143,5 @@ def timed(fs: Any, method: str, timeout: float, *args: Any, **kwargs: Any) -> An
 
     try:
         return sync(fs.loop, coro, *args, timeout=timeout, **kwargs)
-    except TimeoutError:
+    except (TimeoutError, asyncio.TimeoutError):  # fsspec's FSTimeoutError (one class since Python 3.11)
         raise TimeoutError(f"no answer within {timeout:g} s") from None

@@ -98,7 +98,8 @@ def resolve_source(
     remote: List[Tuple[int, str, str]] = []
     for n, item in enumerate(items):
         text = os.fspath(item)
-        where = f"item {n} of the source list" if len(items) > 1 or not isinstance(source, (str, os.PathLike)) else "source"
+        listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
+        where = f"item {n} of the source list" if listed else "source"
         if is_manifest(text):
             for i, info in enumerate(read_manifest(text, config)):
                 manifested.append(len(shards))
@@ -119,21 +120,29 @@ def resolve_source(
     for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error, config=config)):
         shards[slot] = info
     if remote:
-        known = _manifests_beside([url for _, url, _ in remote], config)
-        for slot, url, pattern in remote:
-            if url in known:
-                shards[slot] = known[url]
-            elif counts:
-                folder = url.rsplit("/", 1)[0]
-                raise ConfigError(
-                    f"no sample count for remote shard {url!r}: remote shards are not scanned at every start. "
-                    f"Run `dali-shards index '{pattern}'` once (it writes {folder}/{MANIFEST_NAME}, which is then "
-                    "found automatically), pass a manifest as the source, or set samples_per_epoch= to stream "
-                    "without counts (resampled)"
-                )
+        _count_remote(shards, remote, config, counts)
     if not shards:
         raise ConfigError(f"source {source!r} names no shards")
     return shards
+
+
+def _count_remote(
+    shards: List[ShardInfo], remote: Sequence[Tuple[int, str, str]], config: StorageConfig, counts: bool
+) -> None:
+    """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
+    them; without one, a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
+    known = _manifests_beside([url for _, url, _ in remote], config)
+    for slot, url, pattern in remote:
+        if url in known:
+            shards[slot] = known[url]
+        elif counts:
+            folder = url.rsplit("/", 1)[0]
+            raise ConfigError(
+                f"no sample count for remote shard {url!r}: remote shards are not scanned at every start. "
+                f"Run `dali-shards index '{pattern}'` once (it writes {folder}/{MANIFEST_NAME}, which is then "
+                "found automatically), pass a manifest as the source, or set samples_per_epoch= to stream "
+                "without counts (resampled)"
+            )
 
 
 def _identity(url: str) -> str:
@@ -165,7 +174,12 @@ def _file_size(url: str) -> Optional[int]:
 
 
 def _check_manifested(
-    shards: List[ShardInfo], slots: Sequence[int], origins: Sequence[str], stale: str, on_error: str, config: StorageConfig
+    shards: List[ShardInfo],
+    slots: Sequence[int],
+    origins: Sequence[str],
+    stale: str,
+    on_error: str,
+    config: StorageConfig,
 ) -> None:
     """Compare the local shards listed by manifests with their recorded ``bytes`` (a stat each):
     refuse a changed one (with ``on_error="skip"``: warn, and the workers skip it, counted), or
@@ -184,8 +198,8 @@ def _check_manifested(
             info.url,
             f"has {actual} bytes, but {origins[slot]} says {info.bytes}: it was {how} after the manifest was "
             f"written, so its sample count ({info.samples}) cannot be trusted",
-            hint='run `dali-shards index` on the shards again to rewrite the manifest, or pass stale_manifest="rescan" '
-            "to count changed shards again at every start",
+            hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
+            'stale_manifest="rescan" to count changed shards again at every start',
         )
         if on_error == "raise":
             raise error

@@ -125,7 +125,8 @@ class StreamingWorkerSource(ProcessEpochs):
         try:
             for attempt in read_attempts(opener):  # a cached copy that fails is read again from the server
                 with attempt as stream:
-                    samples = TarReader(stream, url).samples(self.layout.extensions, start=given, into=self.layout.destination)
+                    reader = TarReader(stream, url)
+                    samples = reader.samples(self.layout.extensions, start=given, into=self.layout.destination)
                     for sample in samples:
                         given = sample.position + 1
                         try:

@@ -76,15 +76,10 @@ class _Handler(SimpleHTTPRequestHandler):
         if not os.path.isfile(path):
             self.send_error(404)
             return
-        size = os.path.getsize(path)
         if faults.sizeless:
-            self.send_response(200)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            with open(path, "rb") as f:
-                self._send_body(f.read(), faults)
-            self.close_connection = True
+            self._send_sizeless(path, faults)
             return
+        size = os.path.getsize(path)
         start, end = 0, size - 1
         m = _RANGE.match(self.headers.get("Range", ""))
         if m:
@@ -111,6 +106,10 @@ class _Handler(SimpleHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             body = f.read(length)
+        self._send_faulty_body(body, faults, short)
+
+    def _send_faulty_body(self, body: bytes, faults: Faults, short: bool) -> None:
+        """The body, cut short, cut off, stalled or whole as the faults say."""
         if short:
             self._send_body(body[: faults.short_after], faults)
             self.close_connection = True
@@ -127,6 +126,15 @@ class _Handler(SimpleHTTPRequestHandler):
             self.close_connection = True
             return
         self._send_body(body, faults)
+
+    def _send_sizeless(self, path: str, faults: Faults) -> None:
+        """The whole file, its end marked by closing the connection, with no size anywhere."""
+        self.send_response(200)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        with open(path, "rb") as f:
+            self._send_body(f.read(), faults)
+        self.close_connection = True
 
     def _send_body(self, body: bytes, faults: Faults) -> None:
         """Send ``body``, at ``faults.rate`` bytes per second if set."""

@@ -64,7 +64,9 @@ def test_rescan_counts_a_rewritten_shard_again(indexed, caplog):
 
 
 def txt_pipeline(source, **kw):
-    @sharded_pipeline(source, fields=("__index__", "__valid__"), batch_size=2, py_num_workers=1, num_threads=1, device_id=None, **kw)
+    @sharded_pipeline(
+        source, fields=("__index__", "__valid__"), batch_size=2, py_num_workers=1, num_threads=1, device_id=None, **kw
+    )
     def pipe(index, valid):
         return index, valid
 
@@ -149,7 +151,8 @@ def test_every_manifest_field_is_checked(tmp_path, doc, where):
 
 def test_a_valid_manifest_still_reads(tmp_path):
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"format": "dali-shards-manifest", "version": 1, "shards": [GOOD, {"url": "b.tar", "samples": 0}]}))
+    doc = {"format": "dali-shards-manifest", "version": 1, "shards": [GOOD, {"url": "b.tar", "samples": 0}]}
+    path.write_text(json.dumps(doc))
     a, b = read_manifest(str(path))
     assert (a.samples, a.bytes, a.ext_bytes) == (3, 10240, {"txt": 30}) and (b.bytes, b.ext_bytes) == (None, None)
 

@@ -300,6 +300,7 @@ def read_ahead(
     kernel). Streams opened ahead and never taken are closed when the iteration ends."""
     sizes = list(sizes) + [None] * (len(urls) - len(sizes))
     pending: Dict[int, Optional[ShardOpener]] = {}
+    current: Optional[ShardOpener] = None
     try:
         for i in range(len(urls)):
             for j in range(i + 1, min(len(urls), i + 1 + config.read_ahead)):
@@ -309,9 +310,9 @@ def read_ahead(
                     else:
                         _advise_will_need(urls[j])
                         pending[j] = None
-            ahead = pending.pop(i, None)
-            yield ahead if ahead is not None else ShardOpener(urls[i], config, sizes[i])
+            current = pending.pop(i, None) or ShardOpener(urls[i], config, sizes[i])
+            yield current
     finally:
-        for p in pending.values():
+        for p in [current, *pending.values()]:
             if p is not None:
-                p.close()
+                p.close()  # a stream started ahead and never taken

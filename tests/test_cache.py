@@ -3,6 +3,7 @@ to read is evicted and the shard read from its server again (once); temporary fi
 processes are removed, those of live ones counted."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -209,6 +210,7 @@ def test_temp_files_of_killed_workers_are_removed_and_live_ones_counted(tmp_path
     env = dict(os.environ, PYTHONPATH=root)
     proc = subprocess.Popen([sys.executable, "-c", WRITER, d], stdout=subprocess.PIPE, text=True, env=env)
     try:
+        assert select.select([proc.stdout], [], [], 60)[0], "the writer did not start within 60 s"
         assert proc.stdout.readline().strip() == "ready"
         live = ShardCache(d)
         assert live.usage() == 100_000, "a live writer's temporary file counts"

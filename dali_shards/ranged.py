@@ -281,3 +281,25 @@ class RangeReader:
             if len(data) < hi - pos:
                 return
             pos = hi
+
+
+class SizeCheck(threading.Thread):
+    """``reader.object_size()`` (a metadata request, checked against the size expected) in a
+    thread of its own; :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, reader: "RangeReader"):
+        super().__init__(daemon=True, name="dali_shards-size")
+        self.reader = reader
+        self.error: Optional[BaseException] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.reader.object_size()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self.error = exc
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error

@@ -21,7 +21,7 @@ from typing import Any, Deque, Dict, Mapping, Optional, Tuple
 
 from .errors import ShardAccessError
 from .fsrequest import http_status  # noqa: F401 - part of this module's API
-from .ranged import RangeReader
+from .ranged import RangeReader, SizeCheck
 
 log = logging.getLogger("dali_shards")
 
@@ -126,28 +126,6 @@ class Tee:
     def abandon(self) -> None: ...
 
 
-class _SizeCheck(threading.Thread):
-    """``reader.object_size()`` (a metadata request, checked against the size expected) in a
-    thread of its own; :meth:`result` waits for it and raises what it raised."""
-
-    def __init__(self, reader: RangeReader):
-        super().__init__(daemon=True, name="dali_shards-size")
-        self.reader = reader
-        self.error: Optional[BaseException] = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.reader.object_size()
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
-            self.error = exc
-
-    def result(self) -> None:
-        self.join()
-        if self.error is not None:
-            raise self.error
-
-
 class RemoteStream(io.RawIOBase):
     """A remote object as a readable stream. A background thread fetches the next
     ``chunks_ahead`` chunks while the consumer reads; seeking is supported when the size is
@@ -210,7 +188,7 @@ class RemoteStream(io.RawIOBase):
                 if reader.expected is None:
                     reader.object_size()  # needed before the first read
                 else:
-                    check = _SizeCheck(reader)  # the server's size, asked alongside the first read
+                    check = SizeCheck(reader)  # the server's size, asked alongside the first read
             while True:
                 with self._cond:
                     while len(self._chunks) >= cfg.chunks_ahead and not stale():

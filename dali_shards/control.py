@@ -121,7 +121,7 @@ class ControlBlock:
         num_workers: int,
         *,
         worker_prefetch: int = 2,
-        worker_timeout: Optional[float] = 300.0,
+        worker_timeout: Optional[float] = 600.0,
         directory: Optional[str] = None,
     ) -> "ControlBlock":
         """A new, zeroed control block for ``num_workers`` workers (stale ones are removed first)."""

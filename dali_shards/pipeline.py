@@ -226,7 +226,7 @@ def build_sharded_pipeline(
     byte_sizes = [s.bytes for s in shards]
     prefetch = int(options.get("worker_prefetch", 2))
     control = ControlBlock.create(
-        num_workers, worker_prefetch=prefetch, worker_timeout=options.get("worker_timeout", 300.0)
+        num_workers, worker_prefetch=prefetch, worker_timeout=options.get("worker_timeout", 600.0)
     )
     if stream_spec is not None:
         first_steps = None if resume_plan is None else resume_plan.steps - resume_plan.start_step
@@ -331,7 +331,7 @@ def sharded_pipeline(
     retries: int = 5,
     request_timeout: float = 60.0,
     samples_per_epoch: Optional[int] = None,
-    worker_timeout: Optional[float] = 300.0,
+    worker_timeout: Optional[float] = 600.0,
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
@@ -374,7 +374,8 @@ def sharded_pipeline(
             or be missed within an epoch; ``__index__`` is ``shard << 32 | position``.
         worker_timeout: seconds a worker may go without progress (no sample read, no batch made)
             while the iterator waits for it; it is then killed and the iterator raises a
-            ``WorkerError`` naming it and its shard. None turns the check off.
+            ``WorkerError`` naming it and its shard. None turns the check off. Keep it above
+            ``(retries + 1) * request_timeout``, so that remote retries run their course.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.

@@ -19,6 +19,7 @@ import numpy as np
 from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline, pipeline_def
 
+from .control import ControlBlock
 from .distributed import check_start_method, default_device_id, resolve_world
 from .errors import ConfigError
 from .graph import assemble_fields
@@ -30,6 +31,7 @@ from .resume import make_state, resume_point
 from .shardlist import Source, resolve_source
 from .stream_source import StreamingWorkerSource
 from .streaming import StreamingSpec
+from .supervise import supervise
 from .worker_source import ON_ERROR, WorkerSource
 
 _OPTIONS = (
@@ -55,6 +57,7 @@ _OPTIONS = (
     "request_timeout",
     "samples_per_epoch",
     "stale_manifest",
+    "worker_timeout",
 )
 log = logging.getLogger("dali_shards")
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
@@ -81,6 +84,7 @@ class ShardedPipelineInfo:
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)  # the function's outputs
     slot_status: Any = field(default=None, compare=False, repr=False)  # [index, status] per slot
     streaming: Optional[StreamingSpec] = None  # set in the streaming (resampled) mode
+    control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)  # shared with the workers
 
     @property
     def steps_per_epoch(self) -> int:
@@ -229,6 +233,10 @@ def build_sharded_pipeline(
         start_epoch, resume_plan, resume_prior = resume_point(spec, options["resume_from"])
     urls = [s.url for s in shards]
     byte_sizes = [s.bytes for s in shards]
+    prefetch = int(options.get("worker_prefetch", 2))
+    control = ControlBlock.create(
+        num_workers, worker_prefetch=prefetch, worker_timeout=options.get("worker_timeout", 600.0)
+    )
     if stream_spec is not None:
         first_steps = None if resume_plan is None else resume_plan.steps - resume_plan.start_step
         sources = [
@@ -244,16 +252,18 @@ def build_sharded_pipeline(
                 on_error,
                 storage,
                 byte_sizes,
+                control.path,
             )
             for w in range(num_workers)
         ]
     else:
         sources = [
-            WorkerSource(spec, urls, layout, rank, w, start_epoch, resume_plan, on_error, storage, byte_sizes)
+            WorkerSource(
+                spec, urls, layout, rank, w, start_epoch, resume_plan, on_error, storage, byte_sizes, control.path
+            )
             for w in range(num_workers)
         ]
     hint = _bytes_per_sample_hint(shards, layout, num_workers)
-    prefetch = int(options.get("worker_prefetch", 2))
 
     captured: Dict[str, Any] = {}
 
@@ -282,6 +292,7 @@ def build_sharded_pipeline(
     kwargs.update(pipeline_kwargs)
     kwargs.pop("enable_conditionals", None)
     pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
+    supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C
 
     def rebuild(**overrides: Any) -> Pipeline:
         """The same pipeline, anew, with some options changed (e.g. ``resume_from``)."""
@@ -301,6 +312,7 @@ def build_sharded_pipeline(
         captured["outputs"],
         captured["slot_status"],
         stream_spec,
+        control,
     )
     return pipe
 
@@ -329,6 +341,7 @@ def sharded_pipeline(
     request_timeout: float = 60.0,
     samples_per_epoch: Optional[int] = None,
     stale_manifest: str = "raise",
+    worker_timeout: Optional[float] = 600.0,
     **pipeline_kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
@@ -373,6 +386,10 @@ def sharded_pipeline(
         stale_manifest: a local shard whose size differs from its manifest's ``bytes``:
             ``"raise"`` refuses it (a ``ShardFormatError``), ``"rescan"`` counts it again from
             its headers. Remote shards, and shards changed after the start, fail when opened.
+        worker_timeout: seconds a worker may go without progress (no sample read, no batch made)
+            while the iterator waits for it; it is then killed and the iterator raises a
+            ``WorkerError`` naming it and its shard. None turns the check off. Keep it above
+            ``(retries + 1) * request_timeout``, so that remote retries run their course.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.
@@ -404,6 +421,7 @@ def sharded_pipeline(
         "request_timeout": request_timeout,
         "samples_per_epoch": samples_per_epoch,
         "stale_manifest": stale_manifest,
+        "worker_timeout": worker_timeout,
     }
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-import multiprocessing.connection
-import threading
+import weakref
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -14,9 +13,11 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from .audit import EpochRecord, expected_indices, gather, summarize
+from .distributed import check_same_plan, plan_summary
 from .errors import ConfigError, WorkerError, from_worker
 from .pipeline import pipeline_info
 from .resume import resume_point
+from .supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
@@ -25,26 +26,33 @@ STATUS_OUTPUT = "__dali_shards_status__"
 class DALIShardedIterator(DALIGenericIterator):
     """A ``DALIGenericIterator`` for one sharded pipeline that knows its epoch.
 
-    - ``len(it)`` is the number of steps per epoch, identical on every rank.
+    - ``len(it)`` is the number of batches this iterator delivers in the current epoch from where
+      it started it: the steps per epoch, identical on every rank (after a resume in the middle of
+      an epoch: what is left of it).
     - Padding slots (``last_batch="pad"``) and samples skipped with ``on_error="skip"`` are removed
       from the batches by default, so every sample of an epoch is seen exactly once over all ranks;
       with ``keep_padding=True`` the batches keep their full size and carry a bool mask under
       ``mask_name`` instead.
     - Epochs follow one another without manual resets: after ``StopIteration`` the next
-      ``next()`` starts the next epoch (with its new shuffle). ``reset()`` or a new ``iter()``
-      in the middle of an epoch finishes that epoch first (the rest is read and discarded), so
-      the workers never fall out of step with the plan.
+      ``next()`` starts the next epoch (with its new shuffle). A new loop (``iter()``) over an
+      iterator in the middle of an epoch continues that epoch, as DALI's iterators do; only
+      ``reset()`` leaves it early. ``reset()`` costs about the prefetch depth: the workers are
+      told to end the epoch a few batches on, and those are read and discarded.
     - ``state_dict()`` is a small JSON-able dict saying where the epoch stands (the same on every
-      rank); ``load_state_dict()`` restarts the pipeline there. To resume under the same ranks and
-      workers, the epoch continues exactly as it would have; under others, the samples not yet
-      delivered are planned over the new layout. Loading a state restarts the pipeline's worker
+      rank); ``load_state_dict()`` restarts the pipeline there (the same epoch under the same
+      layout, the samples not yet delivered planned anew under another). It restarts the worker
       processes: do it before CUDA is initialised, or use ``py_start_method="spawn"``, or pass
       the state to the pipeline itself (``train(resume_from=state)``).
     - With ``audit=True`` each finished epoch is checked: ``it.audits`` gets a report of
       duplicates, missing and skipped samples and steps per rank (gathered from every rank under
-      ``torch.distributed``; this rank's part otherwise).
-    - A worker's error is raised as the ``ShardError`` it was (naming the shard and sample); a
-      worker that dies raises a ``WorkerError`` saying so, instead of DALI's bare message.
+      ``torch.distributed``; this rank's part otherwise). Epochs left early are not audited.
+    - Under ``torch.distributed`` with the pipeline's world size, the first ``next()`` checks (one
+      small all-gather) that every rank planned the same epoch, and raises a ``ConfigError`` on
+      every rank if not, instead of a hang in the next collective.
+    - A worker's error is raised as the ``ShardError`` it was; a worker that dies, or makes no
+      progress for ``worker_timeout`` while the iterator waits, raises a ``WorkerError`` saying
+      which and where. When any exception (Ctrl-C included) escapes a call into DALI, the
+      pipeline's workers are killed first, so that exit never waits on them.
 
     The iterator adds one small output to the pipeline (each slot's index and status) when it
     builds it, to see padding and skipped samples; hand it a pipeline that is not built yet.
@@ -82,6 +90,7 @@ class DALIShardedIterator(DALIGenericIterator):
         self.epoch = self.info.start_epoch
         self._step = self.info.plan(self.epoch).start_step
         self._record = EpochRecord()
+        self._plan_checked = False
         names = list(self._output_names)
         self._status = not getattr(pipeline, "_built", False) and self.info.slot_status is not None
         if self._status:
@@ -93,12 +102,23 @@ class DALIShardedIterator(DALIGenericIterator):
                 "samples and to audit): do not call pipe.build() before creating it"
             )
         self._pipeline = pipeline
+        self._watchdog = None
+        self._guarded(pipeline.build)  # starts the workers: watch them before the first batch
+        self._watch(pipeline)
         self._guarded(
             lambda: DALIGenericIterator.__init__(
                 self, [pipeline], names, size=-1, auto_reset=False, **self._iterator_options
             )
         )
-        _WorkerWatch.start(pipeline)
+
+    def _watch(self, pipeline: Pipeline) -> None:
+        """Watch the started workers: for death, and (with a control block) for a stop in progress."""
+        WorkerWatch.start(pipeline)
+        control = getattr(self.info, "control", None)
+        if control is not None:
+            urls = [s.url for s in self.info.shards]
+            self._watchdog = Watchdog(control, worker_pids(pipeline), urls, self.info.rank)
+            weakref.finalize(self, self._watchdog.stop)
 
     @property
     def step(self) -> int:
@@ -107,8 +127,10 @@ class DALIShardedIterator(DALIGenericIterator):
         return self._step
 
     def __len__(self) -> int:
-        """Batches in the current epoch (after an elastic resume: in what was left of it)."""
-        return self.info.plan(self.epoch).steps
+        """Batches this iterator delivers in the current epoch, from where it started it: the steps
+        per epoch, or what was left of the epoch it resumed in."""
+        plan = self.info.plan(self.epoch)
+        return plan.steps - plan.start_step
 
     def state_dict(self) -> Dict:
         """Where the epoch stands: a small JSON-able dict, the same on every rank."""
@@ -118,6 +140,8 @@ class DALIShardedIterator(DALIGenericIterator):
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
         resume_point(self.info.spec, state)  # refuse an incompatible state before stopping anything
         rebuild = self.info.rebuild
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self._pipes = []
         self._pipeline = None
         self._first_batch = None
@@ -125,6 +149,10 @@ class DALIShardedIterator(DALIGenericIterator):
         self._attach(rebuild(resume_from=state))
 
     def __next__(self) -> List[Dict[str, torch.Tensor]]:
+        if not self._plan_checked:
+            self._plan_checked = True
+            summary = lambda: plan_summary(self.state_dict(), len(self), self.info.spec, self.info.rank)  # noqa: E731
+            check_same_plan(self.info.spec.world_size, summary, self._pipeline.device_id)
         try:
             batches = self._guarded(lambda: DALIGenericIterator.__next__(self))
         except StopIteration:
@@ -135,30 +163,61 @@ class DALIShardedIterator(DALIGenericIterator):
         return [self._apply_mask(batches[0], step)]
 
     def __iter__(self) -> "DALIShardedIterator":
-        if self._step > self.info.plan(self.epoch).start_step:
+        """The iterator itself: a loop continues the current epoch where it stands (after every
+        batch of an epoch was taken, the next epoch)."""
+        if self._step >= self.info.plan(self.epoch).steps:
             self.reset()
         return self
 
     def reset(self) -> None:
-        """Finish the current epoch (reading and discarding what is left of it) and get ready for
-        the next one. Does nothing at the start of an epoch."""
-        if self._step == self.info.plan(self.epoch).start_step:
+        """Leave the current epoch and get ready for the next one; nothing to do at its start.
+
+        The workers are told to end the epoch after the batches they may already have prepared
+        (about ``prefetch_queue_depth + worker_prefetch + 1``); those are read and discarded. The
+        next epochs, and states saved in them, are whole and exactly once as ever."""
+        plan = self.info.plan(self.epoch)
+        if self._step == plan.start_step:
             return
-        left = 0
-        while True:
+        delivered, steps = self._step - plan.start_step, plan.steps - plan.start_step
+        end = self._cut_short(delivered, steps)
+        while True:  # read and discard what is left: at most ``end - delivered`` batches
             try:
                 self._guarded(lambda: DALIGenericIterator.__next__(self))
             except StopIteration:
                 break
-            left += 1
-        if left:
-            log.warning("dali_shards: epoch %d abandoned with %d of %d batches unread", self.epoch, left, len(self))
-        self._end_epoch()
+        if delivered < steps:
+            log.info("dali_shards: epoch %d left after %d of %d batches", self.epoch, delivered, steps)
+        if end is not None:
+            self._check_cut(end)
+        self._end_epoch(audit=delivered >= steps)
 
-    def _end_epoch(self) -> None:
-        if self.audit:
+    def _cut_short(self, delivered: int, steps: int) -> Optional[int]:
+        """Tell the workers to end the epoch after ``delivered`` plus what they may already have
+        prepared; the step they end at, or None where that is the epoch's end anyway."""
+        control = getattr(self.info, "control", None)
+        if control is None:
+            return None
+        depth = self._pipeline.prefetch_queue_depth
+        depth = max(depth.values()) if isinstance(depth, dict) else int(depth)
+        end = delivered + depth + control.worker_prefetch + 1
+        if end >= steps:
+            return None
+        control.cut(self.epoch, end)
+        return end
+
+    def _check_cut(self, end: int) -> None:
+        control = self.info.control
+        steps = {w.worker: w.step for w in control.snapshot() if w.epoch == self.epoch}
+        if any(step != end for step in steps.values()):
+            raise WorkerError(
+                f"dali_shards internal error: the workers of rank {self.info.rank} ended epoch {self.epoch} at steps "
+                f"{steps} instead of {end}; please report it. Restart from the last state_dict() to go on"
+            )
+
+    def _end_epoch(self, audit: bool = True) -> None:
+        if self.audit and audit:
             self._finish_audit()
-        DALIGenericIterator.reset(self)
+        self._guarded(lambda: DALIGenericIterator.reset(self))  # waits for the next epoch's first batches
         self.epoch += 1
         self._step = self.info.plan(self.epoch).start_step
         self._record = EpochRecord()
@@ -177,28 +236,42 @@ class DALIShardedIterator(DALIGenericIterator):
             log.warning("dali_shards: audit of epoch %d: %s", self.epoch, report)
 
     def _guarded(self, call):
-        """Run a DALI call; turn worker failures into errors that say what happened.
+        """Run a DALI call; turn worker failures into errors that say what happened, and kill the
+        pipeline's workers when anything but the end of the epoch escapes it.
 
         A worker that died is looked for before the call too: DALI would block forever handing
         the dead worker its next task (its queue's lock dies with it)."""
-        dead = _dead_workers(self._pipeline)
+        dead = dead_workers(self._pipeline)
         if dead:
+            kill_workers(self._pipeline)
             raise self._worker_error(dead)
+        if self._watchdog is not None:
+            self._watchdog.begin()
         try:
             return call()
         except StopIteration:
             raise
         except Exception as exc:  # DALI re-raises worker errors as plain Exception/RuntimeError
+            dead = dead_workers(self._pipeline)
+            kill_workers(self._pipeline)
             ours = from_worker(exc)
             if ours is not None:
                 raise ours from exc
-            dead = _dead_workers(self._pipeline)
             if dead or "Worker data receiving interrupted" in str(exc):
                 raise self._worker_error(dead) from exc
             raise
+        except BaseException:  # Ctrl-C, SIGTERM (see supervise), SystemExit: exit must not wait on workers
+            kill_workers(self._pipeline)
+            raise
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.end()
 
     def _worker_error(self, dead) -> WorkerError:
-        codes = ", ".join(f"pid {pid}: {_describe_exit(code)}" for pid, code in dead) or "unknown"
+        reason = self._watchdog.reason if self._watchdog is not None else None
+        if reason is not None:
+            return WorkerError(f"{reason}. Restart from the last state_dict() to continue the epoch")
+        codes = ", ".join(f"pid {pid}: {describe_exit(code)}" for pid, code in dead) or "unknown"
         return WorkerError(
             f"a dali_shards worker process of rank {self.info.rank} stopped ({codes}). If it was killed for "
             "memory, lower shuffle_buffer or batch_size; otherwise see the worker's output above. Restart from "
@@ -228,62 +301,3 @@ def _rank_expected(plan, rank: int) -> np.ndarray:
     index, valid = plan.rank_batches(rank)
     rows = slice(plan.start_step, None)
     return index[rows][valid[rows]]
-
-
-class _WorkerWatch:
-    """Keeps DALI from blocking forever when a worker process dies.
-
-    A worker killed while it waits for its next task leaves the condition variable of its task
-    queue expecting an acknowledgement from it; DALI's next hand-off to that queue would wait for
-    it forever (DALI then terminates the other workers, leaving the same state in their queues).
-    When a worker process ends, this thread gives that acknowledgement, so the hand-off returns and
-    the iterator can report the dead worker; after a normal shutdown nothing uses the queue again.
-    (DALI and multiprocessing internals, looked up defensively: without them only the check before
-    each call remains.)"""
-
-    @staticmethod
-    def start(pipeline: Pipeline) -> None:
-        try:
-            pool = pipeline._py_pool.pool  # noqa: SLF001
-            pairs = list(zip(pool._processes, pool._workers_contexts))  # noqa: SLF001
-        except AttributeError:
-            return
-        threading.Thread(target=_WorkerWatch._run, args=(pairs,), daemon=True, name="dali-shards-watch").start()
-
-    @staticmethod
-    def _run(pairs) -> None:
-        pending = {proc.sentinel: (proc, ctx) for proc, ctx in pairs}
-        while pending:
-            try:
-                ready = multiprocessing.connection.wait(list(pending))
-            except (OSError, ValueError):
-                return
-            for sentinel in ready:  # the process has ended (its exit code may already be reaped by DALI)
-                _, ctx = pending.pop(sentinel)
-                queue = getattr(ctx, "dedicated_task_queue", None)
-                woken = getattr(getattr(queue, "cv_not_empty", None), "_woken_count", None)
-                if woken is not None:
-                    woken.release()
-
-
-def _dead_workers(pipeline: Optional[Pipeline]):
-    """(pid, exit code) of the pipeline's worker processes that have exited (DALI internals,
-    looked up defensively: an empty list if they are not where expected)."""
-    try:
-        processes = pipeline._py_pool.pool._processes  # noqa: SLF001
-        return [(p.pid, p.exitcode) for p in processes if p.exitcode is not None]
-    except AttributeError:
-        return []
-
-
-def _describe_exit(code: Optional[int]) -> str:
-    if code is None:
-        return "running"
-    if code < 0:
-        import signal
-
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"

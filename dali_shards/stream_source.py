@@ -17,7 +17,8 @@ from .remote import DEFAULT_STORAGE, StorageConfig
 from .storage import read_ahead, read_attempts
 from .streaming import StreamingSpec, stream_index
 from .tarformat import TarReader
-from .worker_source import ProcessEpochs, shard_error
+from .worker_process import ProcessEpochs
+from .worker_source import shard_error
 
 log = logging.getLogger("dali_shards")
 _TAG_STREAM_BUFFER = 0x5342_5546
@@ -45,6 +46,7 @@ class StreamingWorkerSource(ProcessEpochs):
         on_error: str = "raise",
         storage: StorageConfig = DEFAULT_STORAGE,
         byte_sizes: Sequence[Optional[int]] = (),
+        control: Optional[str] = None,
     ):
         self.spec = spec
         self.urls = tuple(urls)
@@ -60,21 +62,31 @@ class StreamingWorkerSource(ProcessEpochs):
         self.byte_sizes = tuple(byte_sizes) or (None,) * len(urls)
         self._stream: Optional[Iterator[Packed]] = None  # the endless stream, per process
         self._cycle_samples: Optional[int] = None  # samples in one pass over the worker's shards
+        self.init_process(control)
 
     def __iter__(self) -> Iterator[list]:
         epoch = self.next_epoch()
         steps = self.spec.steps_per_epoch
         if epoch == self.start_epoch and self.first_steps is not None:
             steps = self.first_steps
-        return self._batches(steps)
+        return self._batches(epoch, steps)
 
-    def _batches(self, steps: int) -> Iterator[list]:
-        spec = self.spec
-        for _ in range(steps):
+    def _batches(self, epoch: int, steps: int) -> Iterator[list]:
+        """``steps`` batches, or fewer if the main process cuts the epoch short."""
+        spec, slot = self.spec, self.slot
+        step = 0
+        while step < steps:
+            cut = slot.cut_step(epoch)
+            if cut is not None and step >= cut:
+                break
+            slot.begin(epoch, step)
             if self._stream is None:
                 self._stream = self._shuffled(self._samples(self.start_epoch))
             samples = [next(self._stream) for _ in range(spec.mini_batch)]
+            step += 1
+            slot.end(epoch, step)
             yield self.layout.worker_batch(samples, self.worker, spec.num_workers, spec.batch_size)
+        slot.end(epoch, step, produced=False)
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:
         if not self.spec.shuffle or self.shuffle_buffer <= 1:
@@ -121,6 +133,7 @@ class StreamingWorkerSource(ProcessEpochs):
 
     def _read_shard(self, shard: int, opener) -> Iterator[Packed]:
         url = self.urls[shard]
+        self.slot.progress(shard)
         given = 0  # samples passed on (a second attempt, from the server, starts after them)
         try:
             for attempt in read_attempts(opener):  # a cached copy that fails is read again from the server
@@ -128,6 +141,7 @@ class StreamingWorkerSource(ProcessEpochs):
                     reader = TarReader(stream, url)
                     samples = reader.samples(self.layout.extensions, start=given, into=self.layout.destination)
                     for sample in samples:
+                        self.slot.progress()
                         given = sample.position + 1
                         try:
                             yield self.layout.pack(sample, stream_index(shard, sample.position))

@@ -10,10 +10,8 @@ imports no DALI.
 
 from __future__ import annotations
 
-import gc
 import logging
 import lzma
-import os
 import zlib
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -23,6 +21,7 @@ from .planner import EpochPlan, PlanSpec, Segment
 from .remote import DEFAULT_STORAGE, StorageConfig
 from .storage import read_ahead, read_attempts
 from .tarformat import TarReader
+from .worker_process import ProcessEpochs
 
 
 log = logging.getLogger("dali_shards")
@@ -36,35 +35,6 @@ class Skipped(NamedTuple):
     url: str
     key: Optional[str]
     reason: str
-
-
-class ProcessEpochs:
-    """Epoch counting for a worker source: DALI calls ``iter()`` once per epoch in the worker
-    process (and once in the main process when the pipeline is defined), so epochs count per
-    process from ``start_epoch``. Per-process state (names in ``_process_state``) is dropped
-    when pickled and reset in a new process."""
-
-    start_epoch: int
-    _process_state: Tuple[str, ...] = ()
-
-    def next_epoch(self) -> int:
-        """The epoch the coming ``iter()`` starts."""
-        pid = os.getpid()
-        if getattr(self, "_pid", None) != pid:
-            self._pid, self._epoch = pid, self.start_epoch
-            for name in self._process_state:
-                setattr(self, name, None)
-            entered_process()
-        else:
-            self._epoch += 1
-        return self._epoch
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_pid"] = None
-        for name in self._process_state:
-            state[name] = None
-        return state
 
 
 class WorkerSource(ProcessEpochs):
@@ -87,6 +57,7 @@ class WorkerSource(ProcessEpochs):
         on_error: str = "raise",
         storage: StorageConfig = DEFAULT_STORAGE,
         byte_sizes: Sequence[Optional[int]] = (),
+        control: Optional[str] = None,
     ):
         if len(urls) != len(spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
@@ -103,6 +74,7 @@ class WorkerSource(ProcessEpochs):
         self.virtual_worker = rank * spec.num_workers + worker
         self.start_epoch = start_epoch
         self.resume_plan = resume_plan
+        self.init_process(control)
 
     def __iter__(self) -> "EpochBatches":
         return EpochBatches(self, self.next_epoch())
@@ -133,20 +105,45 @@ class EpochBatches:
 
     def __next__(self):
         src = self.source
-        spec = src.spec
         if self._order is None:
-            plan = src.plan_for(self.epoch)
-            emissions = plan.worker_emissions(src.virtual_worker)
-            self._steps = plan.steps - plan.start_step
-            self._order = iter(emissions)
-            needed = {pos for pos, _ in emissions}
-            reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
-            self._samples = _read_segments(
-                plan, reads, src.urls, src.layout, needed.__contains__, src.on_error, src.storage, src.byte_sizes
-            )
-        if self._step >= self._steps:
+            self._start(src.plan_for(self.epoch))
+        if self._step >= self._ends_at():
             self._close()
+            src.slot.end(self.epoch, self._step, produced=False)
             raise StopIteration
+        src.slot.begin(self.epoch, self._step)
+        batch = self._batch()
+        self._step += 1
+        src.slot.end(self.epoch, self._step)
+        return batch
+
+    def _start(self, plan: EpochPlan) -> None:
+        src = self.source
+        emissions = plan.worker_emissions(src.virtual_worker)
+        self._steps = plan.steps - plan.start_step
+        self._order = iter(emissions)
+        needed = {pos for pos, _ in emissions}
+        reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
+        self._samples = _read_segments(
+            plan,
+            reads,
+            src.urls,
+            src.layout,
+            needed.__contains__,
+            src.on_error,
+            src.storage,
+            src.byte_sizes,
+            src.slot.progress,
+        )
+
+    def _ends_at(self) -> int:
+        """The step this epoch ends at: its last, or where the main process cut it short."""
+        cut = self.source.slot.cut_step(self.epoch)
+        return self._steps if cut is None else min(cut, self._steps)
+
+    def _batch(self) -> list:
+        src = self.source
+        spec = src.spec
         samples = []
         try:
             for _ in range(spec.mini_batch):
@@ -164,7 +161,6 @@ class EpochBatches:
                 f"dali_shards internal error: worker {src.virtual_worker} ran out of planned samples at step "
                 f"{self._step} of epoch {self.epoch}; please report it"
             ) from None
-        self._step += 1
         return src.layout.worker_batch(samples, src.worker, spec.num_workers, spec.batch_size)
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
@@ -212,24 +208,6 @@ class EpochBatches:
         self._last = (-1, None)
 
 
-_entered: Optional[int] = None
-
-
-def entered_process() -> None:
-    """Called when a source first runs in a (forked) worker process: the objects inherited from
-    the parent are frozen out of garbage collection there, so that a collection in the worker
-    never runs their finalizers (a parent's discarded DALI pipeline would try to shut down the
-    parent's worker pool from inside this worker, and hang)."""
-    global _entered
-    pid = os.getpid()
-    if _entered != pid and pid != _MAIN_PID:
-        _entered = pid
-        gc.freeze()
-
-
-_MAIN_PID = os.getpid()
-
-
 def shard_error(url: str, exc: BaseException) -> ShardError:
     """A reading failure as an error naming the shard."""
     if isinstance(exc, ShardError):
@@ -252,22 +230,25 @@ def _read_segments(
     on_error: str = "raise",
     storage: StorageConfig = DEFAULT_STORAGE,
     byte_sizes: Sequence[Optional[int]] = (),
+    progress: Callable[..., None] = lambda shard=None: None,
 ) -> Iterator[Tuple[int, Union[Packed, Skipped]]]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
     the others are passed over by their headers. The next shards are opened ahead (``storage``).
     With ``on_error="skip"`` a bad sample, or every needed sample left in a shard that cannot be
-    read on, comes as a ``Skipped``."""
+    read on, comes as a ``Skipped``. ``progress(shard)`` is called as a shard is opened,
+    ``progress()`` for every sample read."""
     sizes = [byte_sizes[seg.shard] if byte_sizes else None for seg in segments]
     openers = read_ahead([urls[seg.shard] for seg in segments], storage, sizes)
     try:
-        yield from _read_in_order(plan, segments, urls, layout, needed, on_error, openers)
+        yield from _read_in_order(plan, segments, urls, layout, needed, on_error, openers, progress)
     finally:
         openers.close()
 
 
-def _read_in_order(plan, segments, urls, layout, needed, on_error, openers):
+def _read_in_order(plan, segments, urls, layout, needed, on_error, openers, progress):
     for seg, opener in zip(segments, openers):
         url = urls[seg.shard]
+        progress(seg.shard)
         offset = int(plan.canonical_starts[seg.shard])
         base = seg.position - seg.first  # sequence position of the shard's sample 0
         done = set()
@@ -283,6 +264,7 @@ def _read_in_order(plan, segments, urls, layout, needed, on_error, openers):
                         select=lambda local, base=base: needed(base + local) and base + local not in done,
                     )
                     for sample in samples:
+                        progress()
                         position = base + sample.position
                         try:
                             item: Union[Packed, Skipped] = layout.pack(sample, offset + sample.position)

@@ -196,7 +196,7 @@ def main(argv=None) -> dict:
             bar.update()
         bar.close()
         if steps < len(train_loader):
-            train_loader.reset()  # leave the epoch: the rest is read and discarded, in step with the plan
+            train_loader.reset()  # leave the epoch: the workers stop a few batches on, in step with the plan
         elapsed = time.perf_counter() - start
         # validation: every image exactly once over all ranks (padding removed by the iterator)
         model.eval()

@@ -64,15 +64,38 @@ def test_kept_padding_mask_matches_the_data(photo_shards):
     assert padded == pipe.dali_shards.spec.padding_per_epoch == 2 * 4 * 6 - 47
 
 
-def test_abandoned_epoch_is_finished_before_the_next(photo_shards):
+def test_a_peeked_batch_does_not_throw_the_epoch_away(photo_shards):
+    """``next(it)`` then ``for ... in it`` continues the epoch (as DALI's iterators do)."""
     pipe = make_pipe(photo_shards["pattern"])()
     it = DALIShardedIterator(pipe, NAMES)
-    next(it)
+    (first,) = next(it)
     assert it.step == 1 and it.epoch == 0
-    indices = [i for (b,) in it for i in b["index"].tolist()]  # a new loop: a whole new epoch
-    assert it.epoch == 2
-    want_index, want_valid = pipe.dali_shards.plan(1).rank_batches(0)
-    assert indices == want_index[want_valid].tolist()
+    rest = [b["index"].tolist() for (b,) in it]  # the rest of epoch 0
+    assert len(rest) == len(it) - 1 and it.epoch == 1
+    want_index, want_valid = pipe.dali_shards.plan(0).rank_batches(0)
+    assert first["index"].tolist() + [i for b in rest for i in b] == want_index[want_valid].tolist()
+    # a loop broken off and a new one: still the same epoch
+    for n, _ in enumerate(it):
+        if n == 1:
+            break
+    assert it.epoch == 1 and it.step == 2
+    assert sum(1 for _ in it) == len(it) - 2 and it.epoch == 2
+
+
+def test_len_is_what_is_left_after_a_same_layout_resume(photo_shards):
+    factory = make_pipe(photo_shards["pattern"])
+    it = DALIShardedIterator(factory(), NAMES)
+    assert len(it) == 8  # ceil(47 / 6)
+    for _ in range(3):
+        next(it)
+    state = it.state_dict()
+    resumed = DALIShardedIterator(factory(resume_from=state), NAMES)
+    assert resumed.epoch == 0 and resumed.step == 3
+    assert len(resumed) == 5 == sum(1 for _ in resumed)
+    assert len(resumed) == 8 == sum(1 for _ in resumed), "the next epoch is whole"
+    loaded = DALIShardedIterator(factory(), NAMES)
+    loaded.load_state_dict(state)
+    assert len(loaded) == 5 == sum(1 for _ in loaded)
 
 
 def test_reset_after_exactly_len_batches(photo_shards):
@@ -104,3 +127,75 @@ def test_refuses_foreign_pipelines_and_clashing_mask(photo_shards):
         DALIShardedIterator(plain(), ["x"])
     with pytest.raises(ValueError, match="clashes"):
         DALIShardedIterator(make_pipe(photo_shards["pattern"])(), NAMES, keep_padding=True, mask_name="valid")
+
+
+def long_epoch_pipe(pattern, **kw):
+    """Batches of 2 over 2 workers: 24 steps per epoch of the 47 photos."""
+
+    @sharded_pipeline(
+        pattern,
+        fields=("__index__",),
+        batch_size=2,
+        py_num_workers=2,
+        shuffle=True,
+        seed=11,
+        shuffle_buffer=4,
+        num_threads=1,
+        device_id=None,
+        **kw,
+    )
+    def pipe(index):
+        return index
+
+    return pipe
+
+
+def produced(pipe, epoch):
+    """Batches each worker produced in ``epoch``, from the pipeline's control block (the workers
+    may have begun the next epoch: its batches are not counted)."""
+    return [w.produced - (w.step if w.epoch > epoch else 0) for w in pipe.dali_shards.control.snapshot()]
+
+
+@pytest.mark.parametrize("worker_prefetch", [1, 2])
+def test_reset_mid_epoch_costs_about_the_prefetch_depth(photo_shards, worker_prefetch):
+    factory = long_epoch_pipe(photo_shards["pattern"], worker_prefetch=worker_prefetch)
+    pipe = factory()
+    it = DALIShardedIterator(pipe, ["index"], audit=True)
+    steps = len(it)
+    assert steps == 24
+    for _ in range(2):
+        next(it)
+    it.reset()
+    assert it.epoch == 1 and it.step == 0
+    bound = 2 + 2 + worker_prefetch + 1  # consumed + pipeline prefetch + worker prefetch + 1
+    assert max(produced(pipe, 0)) <= bound < steps, produced(pipe, 0)
+    assert len(set(produced(pipe, 0))) == 1, "every worker ended the epoch at the same step"
+    assert it.audits == [], "an abandoned epoch is not audited"
+    # the epochs after it: whole and exactly once
+    for epoch in (1, 2):
+        assert sum(1 for _ in it) == steps and it.epoch == epoch + 1
+    assert [a["epoch"] for a in it.audits] == [1, 2] and all(a["exactly_once"] for a in it.audits)
+    # cut again mid-epoch 3, then a resume mid-epoch 4 from a state saved there: exactly once
+    for _ in range(5):
+        next(it)
+    it.reset()
+    assert it.epoch == 4 and it.state_dict()["history"] == []
+    seen = [i for _ in range(3) for i in next(it)[0]["index"].tolist()]
+    state = it.state_dict()
+    del it, pipe
+    resumed = DALIShardedIterator(factory(resume_from=state), ["index"])
+    seen += [i for (b,) in resumed for i in b["index"].tolist()]
+    assert resumed.epoch == 5 and sorted(seen) == list(range(47))
+
+
+def test_reset_mid_epoch_in_the_streaming_mode(tmp_path):
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(5, 7, 3, 9))
+    pipe = long_epoch_pipe(paths, samples_per_epoch=400)()
+    it = DALIShardedIterator(pipe, ["index"])
+    assert len(it) == 200
+    next(it)
+    it.reset()
+    assert max(produced(pipe, 0)) <= 1 + 2 + 2 + 1 and len(set(produced(pipe, 0))) == 1
+    assert sum(1 for _ in it) == 200 and it.epoch == 2

@@ -1,0 +1,198 @@
+"""Worker processes end with their main process; a stuck worker ends in a WorkerError; Ctrl-C and
+SIGTERM always end the run. Each case runs in a subprocess under a hard time limit."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+HARD_LIMIT = 120  # seconds: no case may hang the test run
+
+COMMON = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from dali_shards import sharded_pipeline
+    from dali_shards.errors import WorkerError
+    from dali_shards.pytorch import DALIShardedIterator
+    from dali_shards.sample_data import write_sample_shards
+
+    def make(paths, **kw):
+        @sharded_pipeline(paths, fields=("jpg", "__index__"), batch_size=4, py_num_workers=2, shuffle=True,
+                          shuffle_buffer=8, num_threads=1, device_id=None, **kw)
+        def p(jpg, index):
+            return index
+        return p
+    """
+)
+
+ORPHAN_SCRIPT = COMMON + textwrap.dedent(
+    """
+    if __name__ == "__main__":
+        method, where = sys.argv[2], sys.argv[3]
+        paths = write_sample_shards(sys.argv[1], shard_sizes=(60, 60))
+        made = {}
+
+        def build():
+            made["pipe"] = make(paths, py_start_method=method)()
+            made["it"] = DALIShardedIterator(made["pipe"], ["index"])
+
+        if where == "thread":  # built in a thread that ends before the workers are used
+            t = threading.Thread(target=build)
+            t.start()
+            t.join()
+        else:
+            build()
+        it = made["it"]
+        for _ in range(3):
+            next(it)  # the workers work (after the building thread ended, too)
+        print("PIDS", *made["pipe"]._py_pool.pids(), flush=True)
+        time.sleep(HARD_LIMIT)
+    """
+).replace("HARD_LIMIT", str(HARD_LIMIT))
+
+STUCK_SCRIPT = COMMON + textwrap.dedent(
+    """
+    paths = write_sample_shards(sys.argv[1], shard_sizes=(200, 200))
+    options = {} if sys.argv[2] == "default" else {"worker_timeout": float(sys.argv[2])}
+    pipe = make(paths, **options)()
+    it = DALIShardedIterator(pipe, ["index"])
+    if sys.argv[3] == "epoch-end":  # every batch of epoch 0 taken: the next call starts epoch 1
+        for _ in range(len(it)):
+            next(it)
+    else:
+        next(it)
+    pids = pipe._py_pool.pids()
+    os.kill(pids[0], signal.SIGSTOP)  # one worker hangs (as in a dead NFS mount or a deadlock)
+    print("PIDS", *pids, flush=True)
+    # which source that process runs, by its own stamp (DALI's process order is not the sources')
+    stopped = [w.worker for w in pipe.dali_shards.control.snapshot() if w.pid == pids[0]]
+    start = time.monotonic()
+    try:
+        while True:
+            for _ in it:
+                pass
+    except WorkerError as exc:
+        print("STOPPED", *stopped)
+        print(f"WorkerError after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+    """
+)
+
+
+def gone(pid):
+    """True once ``pid`` has exited (a zombie counts as gone: it holds no memory or files)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def wait_gone(pids, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(gone(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if not gone(p)]
+
+
+def start(tmp_path, script, *args):
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    return subprocess.Popen(
+        [sys.executable, str(path), str(tmp_path), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def read_pids(proc):
+    deadline = time.monotonic() + HARD_LIMIT
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("PIDS"):
+            return [int(p) for p in line.split()[1:]]
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    pytest.fail("the job did not start its workers: " + proc.stderr.read()[-3000:])
+
+
+def cleanup(proc, pids):
+    """Kill what a failed case left behind: the job and its workers, by pid."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "method, where, sig",
+    [
+        ("fork", "main", signal.SIGKILL),
+        ("fork", "main", signal.SIGTERM),
+        ("fork", "main", signal.SIGHUP),
+        ("fork", "thread", signal.SIGKILL),  # forked by a thread: no parent-death signal, the fallback
+        ("spawn", "main", signal.SIGKILL),  # spawned: the fallback
+    ],
+    ids=["fork-SIGKILL", "fork-SIGTERM", "fork-SIGHUP", "fork-from-thread-SIGKILL", "spawn-SIGKILL"],
+)
+def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, where, sig):
+    proc = start(tmp_path, ORPHAN_SCRIPT, method, where)
+    pids = read_pids(proc)
+    try:
+        assert len(pids) == 2 and not any(gone(p) for p in pids)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        left = wait_gone(pids, 10)
+        assert not left, f"workers {left} outlived their main process (killed by {sig.name})"
+        if sig == signal.SIGTERM:  # handled like Ctrl-C: the main process cleaned up
+            assert "KeyboardInterrupt" in proc.stderr.read()
+    finally:
+        cleanup(proc, pids)
+
+
+@pytest.mark.parametrize("when", ["mid-epoch", "epoch-end"])
+def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, when):
+    proc = start(tmp_path, STUCK_SCRIPT, 3, when)
+    pids = read_pids(proc)
+    try:
+        out, err = proc.communicate(timeout=HARD_LIMIT)
+        assert "WorkerError after" in out, out + err[-3000:]
+        seconds = float(out.split("WorkerError after ")[1].split("s:")[0])
+        assert 3 <= seconds < 30
+        message = out.split("s: ", 1)[1]
+        (worker,) = out.split("STOPPED ")[1].split("\n")[0].split()
+        assert f"worker {worker} (virtual worker {worker}, pid {pids[0]}) of rank 0" in message
+        assert "made no progress for" in message and "worker_timeout=3" in message
+        assert "sample-00000" in message, "names the shard"
+        assert not wait_gone(pids, 10), "no worker left behind"
+    finally:
+        cleanup(proc, pids)
+
+
+def test_ctrl_c_ends_the_run_while_a_worker_is_stopped(tmp_path):
+    proc = start(tmp_path, STUCK_SCRIPT, "default", "mid-epoch")  # a long worker timeout: the main process waits
+    pids = read_pids(proc)
+    try:
+        time.sleep(3)  # the main process now waits for the stopped worker
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert "KeyboardInterrupt" in err and proc.returncode != 0
+        assert not wait_gone(pids, 10), "no worker left behind"
+    finally:
+        cleanup(proc, pids)

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from dali_shards.sample_data import sample_images
-from dali_shards.writer import TarShardFile
+from dali_shards.tools.writer import TarShardFile
 
 VERSION = 2
 

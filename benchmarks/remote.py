@@ -31,7 +31,7 @@ BUCKET = "bench"
 def _start(args):
     """A server process; its port (the first line it prints)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dali_shards.testing", *args],
+        [sys.executable, "-m", "dali_shards.testing.servers", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
 
     from bench_data import build_bench_shards
 
-    from dali_shards.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.manifest import scan_shards, write_manifest
 
     data = bench_dir(args.data_dir, args.samples, args.per_shard)
     paths = build_bench_shards(data, num_samples=args.samples, samples_per_shard=args.per_shard)

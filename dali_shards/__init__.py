@@ -7,7 +7,7 @@ Planning, tar reading, manifests and shard writing need no DALI; the names that 
 from importlib import import_module
 from typing import Any
 
-from .errors import (
+from dali_shards.errors import (
     ConfigError,
     DaliShardsError,
     EmptyDatasetError,
@@ -16,21 +16,21 @@ from .errors import (
     ShardFormatError,
     WorkerError,
 )
-from .manifest import ShardInfo, read_manifest, scan_shards, write_manifest
-from .planner import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
-from .remote import StorageConfig
-from .streaming import StreamingSpec
-from .shardlist import resolve_source
-from .writer import ShardWriter, write_shard
+from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
+from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
+from dali_shards.io.remote import StorageConfig
+from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.tools.writer import ShardWriter, write_shard
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "sharded_pipeline": "pipeline",
-    "pipeline_info": "pipeline",
-    "ShardedPipelineInfo": "pipeline",
-    "decode_image": "decode",
-    "pipeline_has_gpu": "decode",
+    "sharded_pipeline": "pipeline.decorator",
+    "pipeline_info": "pipeline.decorator",
+    "ShardedPipelineInfo": "pipeline.decorator",
+    "decode_image": "pipeline.decode",
+    "pipeline_has_gpu": "pipeline.decode",
 }
 
 

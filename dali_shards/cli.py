@@ -10,11 +10,11 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from .errors import ConfigError, DaliShardsError
-from .manifest import ShardInfo, read_manifest, scan_shard, write_manifest
-from .planner import LAST_BATCH_MODES, PlanSpec
-from .remote import StorageConfig, is_remote
-from .shardlist import MANIFEST_NAME, expand_pattern, is_manifest, resolve_source
+from dali_shards.errors import ConfigError, DaliShardsError
+from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shard, write_manifest
+from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
+from dali_shards.io.remote import StorageConfig, is_remote
+from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, is_manifest, resolve_source
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -89,8 +89,8 @@ def _human(n: Optional[float]) -> str:
 
 # -- write --------------------------------------------------------------------------------
 def cmd_write(args: argparse.Namespace) -> int:
-    from .imagefolder import find_sources, load_class_map, save_class_map
-    from .writer import write_dataset
+    from dali_shards.tools.imagefolder import find_sources, load_class_map, save_class_map
+    from dali_shards.tools.writer import write_dataset
 
     class_map = load_class_map(args.class_map) if args.class_map else None
     files, class_map = find_sources(args.src, class_map, args.numeric_classes)
@@ -134,7 +134,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from .dali_index import write_dali_index
+    from dali_shards.tools.dali_index import write_dali_index
 
     config = _storage(args)
     urls = _expand_all(args.patterns, config)
@@ -158,7 +158,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 # -- inspect ------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspection import inspect_shards
+    from dali_shards.tools.inspect import inspect_shards
 
     config = _storage(args)
     report = inspect_shards(

@@ -12,12 +12,12 @@ import torch
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-from .audit import EpochRecord, expected_indices, gather, summarize
-from .distributed import check_same_plan, plan_summary
-from .errors import ConfigError, WorkerError, from_worker
-from .pipeline import pipeline_info
-from .resume import resume_point
-from .supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
+from dali_shards.plan.audit import EpochRecord, expected_indices, gather, summarize
+from dali_shards.world import check_same_plan, plan_summary
+from dali_shards.errors import ConfigError, WorkerError, from_worker
+from dali_shards.pipeline.decorator import pipeline_info
+from dali_shards.plan.resume import resume_point
+from dali_shards.pipeline.supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"

@@ -13,10 +13,10 @@ import pytest
 from nvidia.dali import fn
 
 from dali_shards import ShardAccessError, ShardError, ShardFormatError, decode_image, sharded_pipeline
-from dali_shards.manifest import scan_shards, write_manifest
+from dali_shards.catalog.manifest import scan_shards, write_manifest
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images
-from dali_shards.writer import write_shard
+from dali_shards.tools.writer import write_shard
 
 PHOTOS = [open(p.path, "rb").read() for p in sample_images()]
 LABELS = [p.label for p in sample_images()]
@@ -241,7 +241,7 @@ def test_an_unreadable_shard(tmp_path):
 def test_unreadable_file_permission(tmp_path, monkeypatch):
     import builtins
 
-    from dali_shards import storage
+    from dali_shards.io import storage
 
     real_open = builtins.open
     target = str(tmp_path / "locked.tar")

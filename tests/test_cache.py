@@ -16,12 +16,12 @@ import pytest
 import dali_shards
 from conftest import run_epochs
 from dali_shards import ShardFormatError, sharded_pipeline
-from dali_shards.cache import ShardCache
-from dali_shards.remote import StorageConfig
+from dali_shards.io.cache import ShardCache
+from dali_shards.io.remote import StorageConfig
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.storage import open_shard, read_ahead
-from dali_shards.tarformat import TarReader
-from dali_shards.testing import HTTPShardServer
+from dali_shards.io.storage import open_shard, read_ahead
+from dali_shards.io.tarformat import TarReader
+from dali_shards.testing.servers import HTTPShardServer
 
 pytest.importorskip("aiohttp")
 FAST = dict(backoff=0.01, max_backoff=0.05)
@@ -74,7 +74,7 @@ def test_a_copy_of_unconfirmed_size_is_not_published(served, tmp_path):
 
 
 def read_keys(opener, url):
-    from dali_shards.storage import read_attempts
+    from dali_shards.io.storage import read_attempts
 
     keys = []
     for attempt in read_attempts(opener):
@@ -160,7 +160,7 @@ def test_planned_mode_recovers_from_a_damaged_cached_copy(served, tmp_path):
     evicted and read from the server; every sample arrives exactly once."""
     from collections import Counter
 
-    from dali_shards.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.manifest import scan_shards, write_manifest
 
     server, paths = served
     write_manifest(os.path.join(os.path.dirname(paths[0]), "manifest.json"), scan_shards(paths))
@@ -193,7 +193,7 @@ def test_planned_mode_recovers_from_a_damaged_cached_copy(served, tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from dali_shards.cache import ShardCache
+    from dali_shards.io.cache import ShardCache
     w = ShardCache(sys.argv[1]).writer("s3://b/killed.tar", 300_000)
     w.write(0, b"k" * 100_000)
     w._file.flush()

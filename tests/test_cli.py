@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from dali_shards.cli import main, parse_size
-from dali_shards.manifest import read_manifest, scan_shards
-from dali_shards.planner import PlanSpec
+from dali_shards.catalog.manifest import read_manifest, scan_shards
+from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import ROOT as PHOTOS
 from dali_shards.sample_data import sample_images, write_sample_shards
-from dali_shards.shardlist import resolve_source
+from dali_shards.catalog.sources import resolve_source
 
 
 def cli(*args):
@@ -159,7 +159,7 @@ def test_index_writes_manifest_and_dali_index(tmp_path):
 
 
 def test_index_refuses_compressed_shards_for_dali(tmp_path, capsys):
-    from dali_shards.writer import write_shard
+    from dali_shards.tools.writer import write_shard
 
     write_shard(str(tmp_path / "z.tar.gz"), [{"__key__": "a", "txt": "x"}])
     assert cli("index", tmp_path / "z.tar.gz") == 2
@@ -199,7 +199,7 @@ def test_inspect_reports_what_is_wrong(tmp_path, capsys):
     assert cli("inspect", good, "--quiet") == 0
     text = capsys.readouterr().out
     assert "1 shards, 3 samples" in text and "e.g. missing in: k2" in text
-    from dali_shards.manifest import write_manifest
+    from dali_shards.catalog.manifest import write_manifest
 
     write_manifest(str(tmp_path / "m.json"), scan_shards([str(good), str(dup)]))
     assert cli("inspect", tmp_path / "m.json", "--quiet") == 0

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from dali_shards import ConfigError
-from dali_shards.control import ControlBlock, WorkerSlot, WorkerStatus, remove_stale
-from dali_shards.supervise import stuck_worker
+from dali_shards.worker.control import ControlBlock, WorkerSlot, WorkerStatus, remove_stale
+from dali_shards.pipeline.supervise import stuck_worker
 
 
 def test_workers_stamp_and_the_main_process_reads(tmp_path):
@@ -75,7 +75,7 @@ def test_which_worker_is_stuck():
 
 
 def _report_death_signal(queue):
-    from dali_shards.worker_process import entered_process
+    from dali_shards.worker.process import entered_process
 
     entered_process(os.getppid())
     sig = ctypes.c_int(-1)
@@ -105,8 +105,8 @@ def test_parent_death_signal_only_for_workers_forked_by_the_main_thread():
 
 ORPHAN = """
 import os, threading, time
-from dali_shards.control import ControlBlock
-from dali_shards.worker_process import attach_slot, entered_process
+from dali_shards.worker.control import ControlBlock
+from dali_shards.worker.process import attach_slot, entered_process
 
 block = ControlBlock.create(1)
 owner = os.getpid()

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.layout import SampleLayout
-from dali_shards.tarformat import RawSample
+from dali_shards.worker.layout import SampleLayout
+from dali_shards.io.tarformat import RawSample
 
 
 JPG = b"\xff\xd8\xff\xe0" + b"J" * 996  # image signatures: the layout checks them
@@ -129,8 +129,8 @@ def test_layout_pickles():
 
 
 def test_layout_choice():
-    from dali_shards.manifest import ShardInfo
-    from dali_shards.pipeline import choose_layout
+    from dali_shards.catalog.manifest import ShardInfo
+    from dali_shards.pipeline.decorator import choose_layout
 
     shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]
     assert not choose_layout(("json", "jpg", "cls"), shards, 1).table

@@ -9,11 +9,11 @@ import pytest
 
 from conftest import run_epochs
 from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
-from dali_shards.manifest import read_manifest, scan_shards, write_manifest
-from dali_shards.remote import RemoteStream, StorageConfig
-from dali_shards.shardlist import resolve_source
-from dali_shards.storage import open_shard
-from dali_shards.writer import write_shard
+from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.io.remote import RemoteStream, StorageConfig
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.io.storage import open_shard
+from dali_shards.tools.writer import write_shard
 
 FAST = dict(backoff=0.01, max_backoff=0.05)
 
@@ -96,7 +96,7 @@ def test_a_shard_rewritten_after_start_fails_when_opened(indexed):
 
 def test_a_remote_shard_of_another_size_than_its_manifest_fails_when_opened(tmp_path):
     pytest.importorskip("aiohttp")
-    from dali_shards.testing import HTTPShardServer
+    from dali_shards.testing.servers import HTTPShardServer
 
     path = str(tmp_path / "d-0.tar")
     write_shard(path, samples(0, 20))

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from dali_shards import sharded_pipeline
-from dali_shards.writer import ShardWriter
+from dali_shards.tools.writer import ShardWriter
 
 
 def write_random(path_pattern, sizes, seed):

@@ -13,7 +13,7 @@ from PIL import Image
 
 from conftest import MNIST, run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
-from dali_shards.distributed import gpu_available
+from dali_shards.world import gpu_available
 from dali_shards.sample_data import sample_images
 
 

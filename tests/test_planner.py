@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dali_shards.errors import ConfigError, EmptyDatasetError
-from dali_shards.planner import PlanSpec, buffer_shuffle_order, plan_epoch, shard_permutation
+from dali_shards.plan.epoch import PlanSpec, buffer_shuffle_order, plan_epoch, shard_permutation
 
 shard_lists = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda s: sum(s) > 0)
 

@@ -12,14 +12,14 @@ import pytest
 
 from conftest import run_epochs
 from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pipeline
-from dali_shards.cache import ShardCache
+from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main
-from dali_shards.manifest import read_manifest, scan_shards, write_manifest
-from dali_shards.remote import RemoteStream, StorageConfig
+from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.io.remote import RemoteStream, StorageConfig
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.shardlist import resolve_source
-from dali_shards.storage import open_shard, read_ahead
-from dali_shards.testing import DelayProxy, HTTPShardServer, S3Server
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.io.storage import open_shard, read_ahead
+from dali_shards.testing.servers import DelayProxy, HTTPShardServer, S3Server
 
 pytest.importorskip("aiohttp")
 SIZES = (11, 0, 17, 3, 16)
@@ -331,7 +331,7 @@ def test_file_urls_and_local_paths_mix(shard_dir, tmp_path):
 def test_a_short_body_is_resumed_at_the_first_missing_byte():
     import fsspec
 
-    from dali_shards.remote import RangeReader
+    from dali_shards.io.remote import RangeReader
 
     data = bytes(range(256)) * 400
     fsspec.filesystem("memory").pipe_file("/short/obj.tar", data)

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from dali_shards import ConfigError, ShardAccessError, ShardFormatError
-from dali_shards.manifest import read_manifest
-from dali_shards.remote import RangeReader, RemoteStream, StorageConfig
-from dali_shards.shardlist import resolve_source
-from dali_shards.storage import open_shard
-from dali_shards.testing import HTTPShardServer
+from dali_shards.catalog.manifest import read_manifest
+from dali_shards.io.remote import RangeReader, RemoteStream, StorageConfig
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.io.storage import open_shard
+from dali_shards.testing.servers import HTTPShardServer
 
 pytest.importorskip("aiohttp")
 FAST = dict(backoff=0.01, max_backoff=0.05)

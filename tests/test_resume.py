@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dali_shards.errors import ConfigError
-from dali_shards.planner import PlanSpec
-from dali_shards.resume import make_state, resume_point
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import make_state, resume_point
 
 SIZES = (13, 0, 40, 7, 1, 22)
 

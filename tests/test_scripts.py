@@ -65,9 +65,9 @@ def test_training_example_on_the_builtin_data_and_resume(tmp_path):
 
 def test_training_example_on_remote_shards(tmp_path):
     pytest.importorskip("aiohttp")
-    from dali_shards.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.manifest import scan_shards, write_manifest
     from dali_shards.sample_data import write_sample_shards
-    from dali_shards.testing import HTTPShardServer
+    from dali_shards.testing.servers import HTTPShardServer
 
     served = tmp_path / "served"
     write_manifest(str(served / "manifest.json"), scan_shards(write_sample_shards(str(served), (11, 0, 17, 3, 16))))

@@ -5,12 +5,12 @@ import sys
 
 import pytest
 
-from dali_shards.distributed import resolve_world
+from dali_shards.world import resolve_world
 from dali_shards.errors import ConfigError, ShardAccessError
-from dali_shards.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.shardlist import expand_pattern, resolve_source
-from dali_shards.writer import ShardWriter, write_shard
+from dali_shards.catalog.sources import expand_pattern, resolve_source
+from dali_shards.tools.writer import ShardWriter, write_shard
 
 
 @pytest.fixture()
@@ -46,7 +46,7 @@ def test_planning_and_reading_need_no_dali():
     code = (
         "import sys, dali_shards\n"
         "from dali_shards import plan_epoch, resolve_source, ShardWriter\n"
-        "import dali_shards.worker_source, dali_shards.tarformat\n"
+        "import dali_shards.worker.planned, dali_shards.io.tarformat\n"
         "plan_epoch([3, 4], epoch=0, world_size=2, num_workers=1, batch_size=1)\n"
         "assert not any(m.startswith('nvidia.dali') for m in sys.modules), 'DALI imported'\n"
         "assert callable(dali_shards.sharded_pipeline) and 'nvidia.dali' in sys.modules\n"

@@ -10,8 +10,8 @@ from conftest import run_epochs
 from dali_shards import ConfigError, pipeline_info, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.streaming import StreamingSpec, split_stream_index
-from dali_shards.testing import HTTPShardServer
+from dali_shards.plan.resampled import StreamingSpec, split_stream_index
+from dali_shards.testing.servers import HTTPShardServer
 
 SIZES = (11, 0, 17, 3, 16)
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ShardAccessError, ShardFormatError
-from dali_shards.layout import SampleLayout, table_slot
-from dali_shards.manifest import scan_shards
-from dali_shards.planner import PlanSpec
+from dali_shards.worker.layout import SampleLayout, table_slot
+from dali_shards.catalog.manifest import scan_shards
+from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.worker_source import WorkerSource
+from dali_shards.worker.planned import WorkerSource
 
 LAYOUT = SampleLayout(("cls", "__index__"))
 

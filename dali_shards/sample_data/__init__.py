@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import List, NamedTuple, Sequence
 
-from ..writer import write_shard
+from dali_shards.tools.writer import write_shard
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "imagenet")
 DEFAULT_SHARD_SIZES = (11, 0, 17, 3, 16)

@@ -1,0 +1,288 @@
+"""Per-shard sample counts: from a manifest file, or from a scan of the tar headers.
+
+A manifest is a JSON file listing the shards (paths relative to the manifest) and how many
+samples each holds, so that planning an epoch never needs to open a shard; optionally the shard's
+size and its member bytes per extension::
+
+    {"format": "dali-shards-manifest", "version": 1,
+     "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
+                 "ext_bytes": {"cls": 3000, "jpg": 104000000}}, ...]}
+
+Every field is checked when read (``url`` a string, ``samples`` an integer >= 0, ``bytes`` an
+integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
+``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
+the manifest, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from dali_shards.errors import ConfigError, ShardAccessError, ShardError
+from dali_shards.io.fsrequest import probe, unreachable
+from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, StorageConfig, filesystem, http_status, is_remote
+from dali_shards.io.storage import local_path, open_shard, shard_size
+from dali_shards.io.tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
+
+log = logging.getLogger("dali_shards")
+
+MANIFEST_FORMAT = "dali-shards-manifest"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A shard's URL, its number of samples, its stored size in bytes and the bytes of its
+    members per extension (when known)."""
+
+    url: str
+    samples: int
+    bytes: Optional[int] = None
+    ext_bytes: Optional[Dict[str, int]] = field(default=None, hash=False)
+
+
+_scan_cache: Dict[Tuple[str, int, int], ShardStats] = {}
+_scan_lock = threading.Lock()
+
+
+def _cache_key(url: str) -> Optional[Tuple[str, int, int]]:
+    path = local_path(url)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+def stored_size(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Optional[int]:
+    """A shard's stored size in bytes: from the file system, or one metadata request for a
+    remote shard (None if the server does not say)."""
+    if not is_remote(url):
+        return shard_size(url)
+    reader = RangeReader(url, config)
+    if reader.http:
+        try:
+            return reader.metadata_size()
+        except ShardAccessError:  # the size is optional over HTTP
+            return None
+    return reader.object_size()
+
+
+def scan_shard(url: str, on_error: str = "raise", config: StorageConfig = DEFAULT_STORAGE) -> ShardInfo:
+    """Count a shard's samples from its tar headers (member data is seeked over, not read).
+
+    With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
+    that cannot be opened counts none (both with a warning)."""
+    key = _cache_key(url)
+    with _scan_lock:
+        cached = _scan_cache.get(key) if key else None
+    remote = is_remote(url)
+    size = None if remote else shard_size(url)
+    if cached is None:
+        try:
+            if remote:  # asked once here, so that the stream does not ask again
+                size = stored_size(url, config)
+            with open_shard(url, config, size) as stream:
+                cached = scan_tar(stream, url)
+        except (ShardError, OSError, EOFError) as exc:
+            if on_error == "raise":
+                raise
+            cached = _readable_prefix(url, config)
+            log.warning("dali_shards: shard %s is damaged (%s); using its first %d samples", url, exc, cached.samples)
+            key = None  # do not cache a damaged shard's count
+        if key:
+            with _scan_lock:
+                _scan_cache[key] = cached
+    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes))
+
+
+def _readable_prefix(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardStats:
+    """The complete samples of a damaged shard before the damage: a sample is complete once a
+    header of the next one has been read."""
+    stats = ShardStats()
+    pending: dict = {}
+    key = None
+    try:
+        with open_shard(url, config) as stream:
+            reader = TarReader(stream, url)
+            while True:
+                member = reader.next_member()
+                if member is None:
+                    break
+                k, ext = split_key(member.name)
+                if k is not None and not is_metadata(member.name):
+                    if k != key:
+                        if key is not None:
+                            stats.samples += 1
+                            for e, n in pending.items():
+                                stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
+                        key, pending = k, {}
+                    pending[ext] = pending.get(ext, 0) + member.size
+                reader.skip_data(member)
+    except Exception:  # noqa: BLE001 - the damage itself: the sample being read is left out
+        return stats
+    if key is not None:
+        stats.samples += 1
+        for e, n in pending.items():
+            stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
+    return stats
+
+
+def scan_shards(
+    urls: Sequence[str], max_threads: int = 16, on_error: str = "raise", config: StorageConfig = DEFAULT_STORAGE
+) -> List[ShardInfo]:
+    """Scan many shards concurrently; results in the order given."""
+    missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
+    if missing and on_error == "skip":
+        for u in missing:
+            log.warning("dali_shards: shard %s not found; skipping it", u)
+    elif missing:
+        more = (
+            f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})"
+            if len(missing) > 1
+            else ""
+        )
+        raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
+    if len(urls) <= 1:
+        return [scan_shard(u, on_error, config) for u in urls]
+    with ThreadPoolExecutor(max_workers=min(max_threads, len(urls))) as pool:
+        return list(pool.map(lambda u: scan_shard(u, on_error, config), urls))
+
+
+class ManifestNotFound(ConfigError):
+    """The manifest file does not exist."""
+
+
+def _read_text(path: str, config: StorageConfig) -> bytes:
+    if not is_remote(path):
+        with open(local_path(path), "rb") as f:
+            return f.read()
+    reader = RangeReader(path, config)
+    try:
+        return reader.whole("manifest read")
+    except ShardAccessError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, FileNotFoundError) or http_status(cause) in (404, 410):
+            raise FileNotFoundError(path) from None
+        server = (unreachable(cause, path) or probe(reader.fs, path, cause)) if cause is not None else None
+        if server is not None:
+            raise ConfigError(
+                f"cannot read manifest {path!r}: the server {server} could not be reached "
+                f"({type(cause).__name__}: {cause}); check that it is up and that the URL (or endpoint_url=) is right"
+            ) from None
+        raise ConfigError(f"cannot read manifest {path!r}: {exc.detail}; {exc.hint}") from None
+
+
+def read_manifest(path: str, config: StorageConfig = DEFAULT_STORAGE) -> List[ShardInfo]:
+    """Shards and sample counts from a manifest (a local path or a URL); relative URLs are taken
+    from its directory. A ConfigError names any field of the wrong type and any shard listed twice."""
+    try:
+        text = _read_text(path, config)
+    except FileNotFoundError:
+        raise ManifestNotFound(f"manifest {path!r} not found") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"manifest {path!r} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise ConfigError(f'{path!r} is not a dali-shards manifest (expected "format": "{MANIFEST_FORMAT}")')
+    version = doc.get("version", MANIFEST_VERSION)
+    if not _is_count(version):
+        raise ConfigError(f'manifest {path!r}: "version" must be an integer, got {version!r}')
+    if version > MANIFEST_VERSION:
+        raise ConfigError(f"manifest {path!r} has version {version}; upgrade dali_shards to read it")
+    entries = doc.get("shards", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f'manifest {path!r}: "shards" must be a list of entries, got {type(entries).__name__}')
+    remote = is_remote(path)
+    base = path.rsplit("/", 1)[0] if remote else os.path.dirname(os.path.abspath(local_path(path)))
+    shards: List[ShardInfo] = []
+    first: Dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        info = _entry(path, i, entry)
+        url = info.url
+        if "://" not in url and not url.startswith("/"):
+            url = posixpath.join(base, url) if remote else os.path.join(base, url)
+        if url in first:
+            raise ConfigError(
+                f"manifest {path!r} lists shard {url!r} twice (entries {first[url]} and {i}); each shard may "
+                "appear once: remove one of them"
+            )
+        first[url] = i
+        shards.append(ShardInfo(url, info.samples, info.bytes, info.ext_bytes))
+    return shards
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(path: str, i: int, entry: object) -> ShardInfo:
+    """Entry ``i`` of manifest ``path``, its fields checked."""
+
+    def bad(name: str, what: str) -> ConfigError:
+        value = entry.get(name) if isinstance(entry, dict) else entry
+        return ConfigError(f'manifest {path!r}: entry {i}: "{name}" must be {what}, got {value!r}')
+
+    if not isinstance(entry, dict):
+        raise ConfigError(f'manifest {path!r}: entry {i} must be an object with "url" and "samples", got {entry!r}')
+    if not isinstance(entry.get("url"), str) or not entry["url"]:
+        raise bad("url", "the shard's path or URL (a string)")
+    if not _is_count(entry.get("samples")) or entry["samples"] < 0:
+        raise bad("samples", "the shard's number of samples (an integer >= 0)")
+    size = entry.get("bytes")
+    if size is not None and (not _is_count(size) or size < 0):
+        raise bad("bytes", "the shard's size in bytes (an integer >= 0) or absent")
+    ext_bytes = entry.get("ext_bytes")
+    if ext_bytes is not None and (
+        not isinstance(ext_bytes, dict)
+        or not all(isinstance(k, str) and _is_count(v) and v >= 0 for k, v in ext_bytes.items())
+    ):
+        raise bad("ext_bytes", "a mapping of extensions to byte counts (integers >= 0) or absent")
+    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes))
+
+
+def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageConfig = DEFAULT_STORAGE) -> None:
+    """Write a manifest (a local path or a URL); shards under its directory are stored relative
+    to it."""
+    remote = is_remote(path)
+    base = path.rsplit("/", 1)[0] + "/" if remote else os.path.dirname(os.path.abspath(path))
+    entries = []
+    for s in shards:
+        url = s.url
+        if remote:
+            url = url[len(base) :] if url.startswith(base) and "/" not in url[len(base) :] else url
+        elif "://" not in url:
+            rel = os.path.relpath(os.path.abspath(url), base)
+            url = rel if not rel.startswith("..") else os.path.abspath(url)
+        entry = {"url": url, "samples": int(s.samples)}
+        if s.bytes is not None:
+            entry["bytes"] = int(s.bytes)
+        if s.ext_bytes is not None:
+            entry["ext_bytes"] = {k: int(v) for k, v in sorted(s.ext_bytes.items())}
+        entries.append(entry)
+    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
+    if remote:
+        fs, inner = filesystem(path, config)
+        try:
+            fs.pipe_file(inner, (json.dumps(doc, indent=1) + "\n").encode())
+        except Exception as exc:  # noqa: BLE001 - named in the message
+            raise ConfigError(
+                f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}; write it locally with "
+                "--manifest and upload it beside the shards"
+            ) from None
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,228 @@
+"""Turning a user's ``source`` into the ordered list of shards with their sample counts.
+
+``source`` may be a brace pattern (``data/train-{000000..000127}.tar``), a glob
+(``data/train-*.tar``), a manifest (``data/manifest.json``), a directory (its tar shards), or a
+list of any of these, paths and URLs (``s3://``, ``gs://``, ``http(s)://``... through fsspec).
+The order given is the *canonical* order that ``__index__`` counts in (globs and directories sort
+by name).
+
+Local shards without a manifest are counted by a header scan. Remote shards are never scanned
+per run: their counts come from a manifest, given or found beside them (``manifest.json``, as
+written by ``dali-shards index``).
+
+A shard listed twice (by patterns, lists or manifests, however spelled) is refused. A local shard
+whose size differs from its manifest's ``bytes`` is refused (with ``on_error="skip"`` the workers
+skip it, counted), or counted again with ``stale_manifest="rescan"``; every shard is checked again
+when opened (see ``storage``).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import stat
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from braceexpand import braceexpand
+
+from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.catalog.manifest import ManifestNotFound, ShardInfo, read_manifest, scan_shards
+from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig, filesystem, is_remote
+from dali_shards.io.storage import local_path
+
+log = logging.getLogger("dali_shards")
+MANIFEST_NAME = "manifest.json"
+STALE_MANIFEST = ("raise", "rescan")
+
+Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+_GLOB_CHARS = set("*?[")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+def is_manifest(path: str) -> bool:
+    return path.endswith(".json")
+
+
+def expand_pattern(pattern: str, config: StorageConfig = DEFAULT_STORAGE) -> List[str]:
+    """Shard URLs of one brace pattern and/or glob, in order."""
+    urls: List[str] = []
+    for item in braceexpand(pattern):
+        if is_remote(item) and _GLOB_CHARS & set(item.split("://", 1)[1]) and not item.startswith("http"):
+            fs, inner = filesystem(item, config)
+            protocol = item.split("://", 1)[0]
+            matches = sorted(f"{protocol}://{m}" for m in fs.glob(inner))
+            if not matches:
+                raise ConfigError(f"pattern {item!r} matches no objects")
+            urls.extend(matches)
+            continue
+        path = local_path(item)
+        if path is not None and os.path.isdir(path):
+            found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
+            if not found:
+                raise ConfigError(f"directory {item!r} holds no tar shards ({', '.join(SHARD_SUFFIXES)})")
+            urls.extend(found)
+        elif path is not None and _GLOB_CHARS & set(path):
+            matches = sorted(glob.glob(path))
+            if not matches:
+                raise ConfigError(f"pattern {item!r} matches no files")
+            urls.extend(matches)
+        else:
+            urls.append(item)
+    return urls
+
+
+def resolve_source(
+    source: Source,
+    on_error: str = "raise",
+    config: StorageConfig = DEFAULT_STORAGE,
+    counts: bool = True,
+    stale_manifest: str = "raise",
+) -> List[ShardInfo]:
+    """The shards of ``source`` with their sample counts (a manifest, else a header scan of local
+    shards; with ``on_error="skip"`` damaged or missing local shards count what can be read).
+    Remote shards take their counts from a manifest beside them; with ``counts=False`` shards
+    without one are listed with ``samples=-1`` (the streaming mode) instead of refused. A shard
+    listed twice is a ConfigError; a local shard whose size is not its manifest's a
+    ShardFormatError, or (``stale_manifest="rescan"``) counted again."""
+    if stale_manifest not in STALE_MANIFEST:
+        raise ConfigError(f"stale_manifest must be one of {STALE_MANIFEST}, got {stale_manifest!r}")
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not items:
+        raise ConfigError("source is empty: give a shard pattern, a list of shards or a manifest")
+    shards: List[ShardInfo] = []
+    origins: List[str] = []
+    manifested: List[int] = []
+    to_scan: List[str] = []
+    slots: List[int] = []
+    remote: List[Tuple[int, str, str]] = []
+    for n, item in enumerate(items):
+        text = os.fspath(item)
+        listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
+        where = f"item {n} of the source list" if listed else "source"
+        if is_manifest(text):
+            for i, info in enumerate(read_manifest(text, config)):
+                manifested.append(len(shards))
+                origins.append(f"{where}, manifest {text!r}, entry {i}")
+                shards.append(info)
+            continue
+        urls = expand_pattern(text, config)
+        for k, url in enumerate(urls):
+            if is_remote(url):
+                remote.append((len(shards), url, text))
+            else:
+                slots.append(len(shards))
+                to_scan.append(url)
+            origins.append(f"{where}, pattern {text!r}, match {k}" if urls != [text] else f"{where} ({text!r})")
+            shards.append(ShardInfo(url, -1))
+    _refuse_duplicates(shards, origins)
+    _check_manifested(shards, manifested, origins, stale_manifest, on_error, config)
+    for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error, config=config)):
+        shards[slot] = info
+    if remote:
+        _count_remote(shards, remote, config, counts)
+    if not shards:
+        raise ConfigError(f"source {source!r} names no shards")
+    return shards
+
+
+def _count_remote(
+    shards: List[ShardInfo], remote: Sequence[Tuple[int, str, str]], config: StorageConfig, counts: bool
+) -> None:
+    """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
+    them; without one, a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
+    known = _manifests_beside([url for _, url, _ in remote], config)
+    for slot, url, pattern in remote:
+        if url in known:
+            shards[slot] = known[url]
+        elif counts:
+            folder = url.rsplit("/", 1)[0]
+            raise ConfigError(
+                f"no sample count for remote shard {url!r}: remote shards are not scanned at every start. "
+                f"Run `dali-shards index '{pattern}'` once (it writes {folder}/{MANIFEST_NAME}, which is then "
+                "found automatically), pass a manifest as the source, or set samples_per_epoch= to stream "
+                "without counts (resampled)"
+            )
+
+
+def _identity(url: str) -> str:
+    """What makes two spellings of a shard the same shard: the real path of a local file."""
+    path = local_path(url)
+    return url if path is None else os.path.realpath(path)
+
+
+def _refuse_duplicates(shards: Sequence[ShardInfo], origins: Sequence[str]) -> None:
+    first: Dict[str, int] = {}
+    for slot, info in enumerate(shards):
+        key = _identity(info.url)
+        if key in first:
+            raise ConfigError(
+                f"shard {shards[first[key]].url!r} is listed twice: by {origins[first[key]]}, and by {origins[slot]}. "
+                "Each shard may appear once per epoch: remove one (check the patterns, lists and manifests of source=)"
+            )
+        first[key] = slot
+
+
+def _file_size(url: str) -> Optional[int]:
+    """The size of a local shard that is a regular file (None otherwise: found when opened)."""
+    path = local_path(url)
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+
+
+def _check_manifested(
+    shards: List[ShardInfo],
+    slots: Sequence[int],
+    origins: Sequence[str],
+    stale: str,
+    on_error: str,
+    config: StorageConfig,
+) -> None:
+    """Compare the local shards listed by manifests with their recorded ``bytes`` (a stat each):
+    refuse a changed one (with ``on_error="skip"``: warn, and the workers skip it, counted), or
+    (``stale="rescan"``) count it again."""
+    changed = []
+    for slot in slots:
+        info = shards[slot]
+        actual = None if info.bytes is None else _file_size(info.url)  # None: remote, or met when opened
+        if actual is None or actual == info.bytes:
+            continue
+        if stale == "rescan":
+            changed.append(slot)
+            continue
+        how = "truncated or rewritten" if actual < info.bytes else "rewritten"
+        error = ShardFormatError(
+            info.url,
+            f"has {actual} bytes, but {origins[slot]} says {info.bytes}: it was {how} after the manifest was "
+            f"written, so its sample count ({info.samples}) cannot be trusted",
+            hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
+            'stale_manifest="rescan" to count changed shards again at every start',
+        )
+        if on_error == "raise":
+            raise error
+        log.warning("dali_shards: %s; its samples will be skipped", error)
+    for slot, info in zip(changed, scan_shards([shards[s].url for s in changed], on_error=on_error, config=config)):
+        log.warning(
+            "dali_shards: shard %s has %s bytes, but its manifest says %s (%d samples); counted it again: %d samples",
+            info.url,
+            info.bytes,
+            shards[slot].bytes,
+            shards[slot].samples,
+            info.samples,
+        )
+        shards[slot] = info
+
+
+def _manifests_beside(urls: Sequence[str], config: StorageConfig) -> Dict[str, ShardInfo]:
+    """The shards listed by the ``manifest.json`` of each folder holding one of ``urls``."""
+    found: Dict[str, ShardInfo] = {}
+    for folder in dict.fromkeys(u.rsplit("/", 1)[0] for u in urls):
+        try:
+            for info in read_manifest(f"{folder}/{MANIFEST_NAME}", config):
+                found[info.url] = info
+        except ManifestNotFound:
+            continue
+    return found

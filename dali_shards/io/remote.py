@@ -1,0 +1,330 @@
+"""Reading objects from remote storage (``s3://``, ``gs://``, ``http(s)://``... through fsspec)
+as sequential streams: ranged requests of ``chunk_size`` bytes fetched ahead in a background
+thread, each retried with exponential backoff and resumed at the byte it stopped at (see
+``ranged`` for the retries and what ``timeout`` bounds).
+
+A request that raises a transient error (connection reset or refused, 5xx, timeout, a body cut
+short) is retried; "not found", "permission denied" and a range past the end are not. After
+``retries`` retries the reader raises :class:`~dali_shards.errors.ShardAccessError` naming the
+URL, so a stalled server never hangs a worker.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, Mapping, Optional, Tuple
+
+from dali_shards.errors import ShardAccessError
+from dali_shards.io.fsrequest import http_status  # noqa: F401 - part of this module's API
+from dali_shards.io.ranged import RangeReader, SizeCheck
+
+log = logging.getLogger("dali_shards")
+
+_PROTOCOL_KEYS = frozenset({"s3", "s3a", "gs", "gcs", "http", "https", "az", "abfs", "file", "hf", "memory"})
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """How shards are read: fsspec ``storage_options``, read-ahead, retries and the local cache.
+
+    ``storage_options`` are passed to the fsspec filesystem of every remote URL, or, when its keys
+    are protocols (``{"s3": {...}, "https": {...}}``), to that protocol's filesystem.
+    ``read_ahead`` is the number of shards each worker opens ahead of the one it reads;
+    ``chunk_size`` the bytes per ranged request and ``chunks_ahead`` how many of them each open
+    shard holds ready. A failed request is retried ``retries`` times, waiting ``backoff`` seconds
+    and doubling up to ``max_backoff``; ``timeout`` is the longest wait for bytes over HTTP and
+    the longest request elsewhere (see ``ranged``). ``cache_dir`` keeps completely read remote
+    shards on local disk, evicting the least recently used beyond ``cache_limit`` bytes.
+    """
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    read_ahead: int = 2
+    chunk_size: int = 8 << 20
+    chunks_ahead: int = 2
+    retries: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+    timeout: float = 60.0
+    cache_dir: Optional[str] = None
+    cache_limit: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("read_ahead", "retries"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        for name in ("chunk_size", "chunks_ahead"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.timeout > 0 or self.backoff < 0:
+            raise ValueError("timeout must be positive and backoff non-negative")
+        if self.cache_limit is not None and self.cache_limit < 0:
+            raise ValueError("cache_limit must be a non-negative number of bytes")
+
+    def options_for(self, protocol: str) -> Dict[str, Any]:
+        """The fsspec options for one protocol."""
+        opts = dict(self.storage_options or {})
+        if opts and set(opts) <= _PROTOCOL_KEYS:
+            return dict(opts.get(protocol, {}))
+        return opts
+
+
+DEFAULT_STORAGE = StorageConfig()
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs that fsspec must open (anything with a scheme but ``file://``)."""
+    return "://" in url and not url.startswith("file://")
+
+
+_filesystems: Dict[Tuple[int, str, str], Tuple[Any, str]] = {}
+_fs_lock = threading.Lock()
+
+
+def filesystem(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Tuple[Any, str]:
+    """The fsspec filesystem for ``url`` (one per process, protocol and options) and the path in it."""
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        raise ShardAccessError(url, "remote URLs need fsspec", hint="pip install fsspec") from None
+    protocol = url.split("://", 1)[0]
+    opts = config.options_for(protocol)
+    key = (os.getpid(), protocol, repr(sorted(opts.items())))
+    with _fs_lock:
+        cached = _filesystems.get(key)
+    if cached is None:
+        try:
+            fs, _ = fsspec.core.url_to_fs(url, **opts)
+        except ImportError as exc:
+            extra = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
+            pkg = extra.get(protocol, "the fsspec implementation")
+            raise ShardAccessError(
+                url, f"no filesystem for {protocol}:// ({exc})", hint=f"pip install {pkg} (or dali-shards[remote])"
+            ) from None
+        except ValueError as exc:
+            raise ShardAccessError(url, f"unsupported URL: {exc}", hint="check the URL scheme") from None
+        if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
+            fs.retries = 1  # s3fs's own retry loop: ours (with backoff and timeouts) replaces it
+        with _fs_lock:
+            cached = _filesystems.setdefault(key, (fs, protocol))
+    fs = cached[0]
+    return fs, (url if protocol in ("http", "https") else fs._strip_protocol(url))
+
+
+class Tee:
+    """Where a stream copies its bytes (the cache): sequential chunks, then complete (with the
+    object's size as the server or the manifest confirmed it, None if unconfirmed) or abandon."""
+
+    def write(self, offset: int, data: bytes) -> None: ...
+
+    def complete(self, size: Optional[int] = None) -> None: ...
+
+    def abandon(self) -> None: ...
+
+
+class RemoteStream(io.RawIOBase):
+    """A remote object as a readable stream. A background thread fetches the next
+    ``chunks_ahead`` chunks while the consumer reads; seeking is supported when the size is
+    known (a seek outside the fetched window restarts the fetching there). ``tee`` receives the
+    chunks of an uninterrupted read from byte 0 and is completed at its end, or abandoned."""
+
+    def __init__(
+        self, url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None, tee: Optional[Tee] = None
+    ):
+        super().__init__()
+        self.url = url
+        self._reader = RangeReader(url, config, size)
+        self._config = config
+        self._cond = threading.Condition()
+        self._chunks: Deque[Tuple[int, bytes]] = deque()
+        self._frontier = 0  # the next byte the fetching thread asks for
+        self._eof_at: Optional[int] = None
+        self._error: Optional[BaseException] = None
+        self._gen = 0
+        self._pos = 0
+        self._cur = b""
+        self._cur_start = 0
+        self._tee = tee
+        self._started = False
+
+    # -- background fetching ---------------------------------------------------------------
+    def start(self) -> "RemoteStream":
+        """Begin fetching from the current position (done on the first read otherwise)."""
+        with self._cond:
+            if not self._started:
+                self._restart(self._pos)
+        return self
+
+    def _restart(self, offset: int) -> None:
+        if self._started or offset != 0:
+            self._drop_tee()
+        self._started = True
+        self._gen += 1
+        self._chunks.clear()
+        self._error = None
+        self._eof_at = None
+        self._frontier = offset
+        self._cur, self._cur_start = b"", offset
+        threading.Thread(
+            target=self._fetch_loop, args=(self._gen, offset), daemon=True, name="dali_shards-read-ahead"
+        ).start()
+
+    def _drop_tee(self) -> None:
+        tee, self._tee = self._tee, None
+        if tee is not None:
+            tee.abandon()
+
+    def _fetch_loop(self, gen: int, offset: int) -> None:
+        cfg = self._config
+        reader = self._reader
+        stale = lambda: gen != self._gen or self.closed  # noqa: E731
+        try:
+            check = None
+            if not reader.http and reader.size is None:
+                if reader.expected is None:
+                    reader.object_size()  # needed before the first read
+                else:
+                    check = SizeCheck(reader)  # the server's size, asked alongside the first read
+            while True:
+                with self._cond:
+                    while len(self._chunks) >= cfg.chunks_ahead and not stale():
+                        self._cond.wait()
+                    if stale():
+                        return
+                size = reader.known_size()
+                if size is not None and offset >= size:
+                    data = b""
+                else:
+                    data = reader.read(offset, offset + cfg.chunk_size, cancelled=stale)
+                if check is not None:
+                    check.result()  # a stale manifest fails before any byte is delivered
+                    check = None
+                size = reader.known_size()
+                done = len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
+                tee = self._tee
+                if tee is not None and done:  # published before the reader sees the end
+                    if data:
+                        tee.write(offset, data)
+                    tee.complete(self._confirmed_size())
+                with self._cond:
+                    if stale():
+                        return
+                    if data:
+                        self._chunks.append((offset, data))
+                    self._frontier = offset + len(data)
+                    if done:
+                        self._eof_at = self._frontier
+                    self._cond.notify_all()
+                    tee = self._tee
+                if tee is not None and data and not done:
+                    tee.write(offset, data)
+                offset += len(data)
+                if done:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            with self._cond:
+                if gen == self._gen:
+                    self._error = exc
+                    self._cond.notify_all()
+
+    def _confirmed_size(self) -> Optional[int]:
+        """The object's size as the server (or else the manifest) gave it; one metadata request
+        if neither did; None if the server never tells it (its copy is then not cached)."""
+        reader = self._reader
+        if reader.known_size() is None:
+            try:
+                reader.size = reader.metadata_size()
+            except ShardAccessError:
+                return None
+        return reader.known_size()
+
+    # -- the stream --------------------------------------------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._reader.known_size() is not None or not self._reader.http
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            size = self._reader.object_size()
+            if size is None:
+                raise io.UnsupportedOperation("the server does not report the object's size")
+            offset += size
+        if offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = offset  # the fetching moves lazily, on the next read
+        return offset
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = 0
+        while n < len(view):
+            got = self._read_some(view[n:])
+            if got == 0:
+                break
+            n += got
+        return n
+
+    def _read_some(self, view: memoryview) -> int:
+        pos = self._pos
+        while True:
+            rel = pos - self._cur_start
+            if 0 <= rel < len(self._cur):
+                k = min(len(view), len(self._cur) - rel)
+                view[:k] = self._cur[rel : rel + k]
+                self._pos = pos + k
+                return k
+            with self._cond:
+                if not self._started or pos < self._cur_start:
+                    self._restart(pos)
+                while self._chunks and self._chunks[0][0] + len(self._chunks[0][1]) <= pos:
+                    self._chunks.popleft()  # passed over by a seek
+                    self._cond.notify_all()
+                if self._chunks:
+                    if self._chunks[0][0] > pos:
+                        self._restart(pos)
+                        continue
+                    self._cur_start, self._cur = self._chunks.popleft()
+                    self._cond.notify_all()
+                    continue
+                if self._eof_at is not None and pos >= self._eof_at:
+                    return 0
+                if pos > self._frontier + self._config.chunk_size or (self._eof_at is not None):
+                    self._restart(pos)  # far ahead of the fetching: start again there
+                    continue
+                if self._error is not None:
+                    raise self._error
+                self._cond.wait()
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        del buf[n:]
+        return bytes(buf)
+
+    def close(self) -> None:
+        with self._cond:
+            if self.closed:
+                return
+            super().close()
+            self._chunks.clear()
+            self._cond.notify_all()
+            tee, self._tee = self._tee, None
+        if tee is not None and self._eof_at is None:
+            tee.abandon()
+
+    @property
+    def retried(self) -> int:
+        return self._reader.retried

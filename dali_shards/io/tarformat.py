@@ -1,0 +1,348 @@
+"""Streaming reader for WebDataset-style tar shards: members, keys and samples.
+
+A *sample* is a run of consecutive regular members that share a key, where a member
+``dir/name.ext1.ext2`` has key ``dir/name`` and extension ``ext1.ext2`` (lower-cased), exactly as
+the ``webdataset`` library groups them. Members whose name has no extension and WebDataset
+metadata members (``__xxx__``) are skipped, as are non-regular members (directories, links).
+
+Only the standard library is used; the reader never loads a whole shard, and skips the data of
+members nobody asked for (seeking when the stream allows it).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional, Tuple
+
+from dali_shards.errors import ShardFormatError
+
+BLOCK = 512
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+_REGULAR_FLAGS = frozenset(b"0\x007")  # regular file ("0", NUL) and contiguous file ("7")
+_NO_DATA_FLAGS = frozenset(b"123456")  # links, devices, directories, FIFOs: no data (as tarfile)
+
+
+def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
+    """(key, extension) of a member name, or (None, None) if it has no extension."""
+    m = _KEY_EXT.match(name)
+    if m is None:
+        return None, None
+    return m.group(1), m.group(2).lower()
+
+
+def is_metadata(name: str) -> bool:
+    """True for WebDataset metadata members, which are not part of any sample."""
+    return bool(_META.match(name)) or ("/" not in name and name.startswith("__") and name.endswith("__"))
+
+
+class Member:
+    """One regular tar member: its name, the offset of its header, and its data size."""
+
+    __slots__ = ("name", "header_offset", "size")
+
+    def __init__(self, name: str, header_offset: int, size: int):
+        self.name = name
+        self.header_offset = header_offset
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Member({self.name!r}, header_offset={self.header_offset}, size={self.size})"
+
+
+@dataclass
+class RawSample:
+    """One sample of a shard: its key, position in the shard, and the data of selected members
+    (bytes, or the buffer a ``Destination`` supplied). ``extra`` is free for a destination's
+    bookkeeping."""
+
+    key: str
+    position: int
+    url: str
+    data: Dict[str, Any] = field(default_factory=dict)
+    extensions: list = field(default_factory=list)
+    extra: Any = None
+    error: Optional[str] = None  # what is wrong with the sample, if anything (e.g. a duplicate member)
+    hint: str = ""
+
+
+# Where to read a member's data: given (sample, extension, size), a writable buffer of that size,
+# or None for a new bytes object.
+Destination = Callable[[RawSample, str, int], Optional[Any]]
+
+_TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-create it"
+_CORRUPT_HINT = "the shard is damaged or is not a tar archive; re-create or re-download it"
+
+
+class TarReader:
+    """Reads tar members from a binary stream in order, without materialising the archive."""
+
+    def __init__(self, stream: BinaryIO, url: str):
+        self._f = stream
+        self._read = stream.read
+        self.url = url
+        self._pos = 0
+        self._seekable = bool(getattr(stream, "seekable", lambda: False)())
+        self._size = None  # known for seekable streams: a skip past it means the shard was cut short
+        if self._seekable:
+            here = stream.tell()
+            self._size = stream.seek(0, 2)
+            stream.seek(here)
+        self.samples_seen = 0  # sample positions ``samples()`` has passed (selected or not)
+
+    # -- low level -----------------------------------------------------------------------
+    def _read_exact(self, n: int, what: str) -> bytes:
+        data = self._read(n)
+        if len(data) != n:
+            raise ShardFormatError(
+                self.url,
+                f"truncated tar archive: expected {n} bytes of {what} at byte {self._pos}, got {len(data)}",
+                hint=_TRUNCATED_HINT,
+            )
+        self._pos += n
+        return data
+
+    def _skip(self, n: int, what: str) -> None:
+        if n <= 0:
+            return
+        if self._seekable:
+            self._pos += n
+            if self._pos > self._size:
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: {what} ends at byte {self._pos}, past the end ({self._size} bytes)",
+                    hint=_TRUNCATED_HINT,
+                )
+            self._f.seek(self._pos)
+            return
+        while n > 0:
+            chunk = self._read(min(n, 1 << 20))
+            if not chunk:
+                raise ShardFormatError(
+                    self.url, f"truncated tar archive: {what} ends early at byte {self._pos}", hint=_TRUNCATED_HINT
+                )
+            self._pos += len(chunk)
+            n -= len(chunk)
+
+    def _number(self, field_: bytes, what: str, offset: int) -> int:
+        if field_ and field_[0] & 0x80:  # GNU base-256 encoding for large values
+            value = int.from_bytes(field_[1:], "big")
+            if field_[0] & 0x40:
+                value -= 1 << (8 * len(field_) - 1)
+            return value
+        try:
+            return int(field_.split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:
+            raise ShardFormatError(
+                self.url,
+                f"corrupt tar header at byte {offset}: the {what} field {field_!r} is not a number",
+                hint=_CORRUPT_HINT,
+            ) from None
+
+    def _check_header(self, hdr: bytes, offset: int) -> None:
+        chk = hdr[148:156]
+        stored = self._number(chk, "checksum", offset)
+        # The checksum is the byte sum with the checksum field read as spaces. Adler-32's low half
+        # is that sum mod 65521 (computed in C); one damaged byte moves the sum by at most 255, so
+        # it cannot hide. On a mismatch, check exactly (unsigned, or signed as old tars wrote it).
+        if ((zlib.adler32(hdr) & 0xFFFF) - 1 - sum(chk) + 256 - stored) % 65521:
+            unsigned = sum(hdr) - sum(chk) + 256
+            signed = unsigned - 256 * sum(1 for b in hdr if b > 127) + 256 * sum(1 for b in chk if b > 127)
+            if stored not in (unsigned, signed):
+                raise ShardFormatError(
+                    self.url,
+                    f"corrupt tar header at byte {offset}: checksum mismatch (stored {stored}, computed {unsigned})",
+                    hint=_CORRUPT_HINT,
+                )
+
+    def _pax(self, size: int) -> dict:
+        raw = self._read_exact(size, "pax header")
+        self._skip(-size % BLOCK, "pax header padding")
+        out = {}
+        pos = 0
+        while pos < len(raw):
+            sp = raw.find(b" ", pos)
+            if sp < 0:
+                break
+            try:
+                length = int(raw[pos:sp])
+            except ValueError:
+                break
+            record = raw[sp + 1 : pos + length - 1]
+            k, _, v = record.partition(b"=")
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+            pos += length
+        return out
+
+    # -- members -------------------------------------------------------------------------
+    def next_member(self) -> Optional[Member]:
+        """The next regular member (positioned at its data), or None at the end of the archive."""
+        long_name: Optional[str] = None
+        pax: Optional[dict] = None
+        while True:
+            offset = self._pos
+            hdr = self._read(BLOCK)
+            if len(hdr) != BLOCK:
+                if not hdr:
+                    return None  # end of stream without end-of-archive blocks: accepted, as tarfile does
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: partial header of {len(hdr)} bytes at byte {offset}",
+                    hint=_TRUNCATED_HINT,
+                )
+            self._pos = offset + BLOCK
+            if hdr[0] == 0 and hdr.count(0) == BLOCK:
+                return None  # end-of-archive marker
+            self._check_header(hdr, offset)
+            typeflag = hdr[156]
+            size = self._number(hdr[124:136], "size", offset)
+            if typeflag in _REGULAR_FLAGS:
+                if pax is not None and "size" in pax:
+                    size = int(pax["size"])
+                if long_name is not None:
+                    name = long_name
+                elif pax is not None and "path" in pax:
+                    name = pax["path"]
+                else:
+                    name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+                    if hdr[257:263] == b"ustar\0" and hdr[345]:
+                        name = hdr[345:500].split(b"\0", 1)[0].decode("utf-8", "replace") + "/" + name
+                return Member(name, offset, size)
+            if typeflag == 76:  # "L": GNU long name of the next member
+                long_name = self._read_exact(size, "long name").split(b"\0", 1)[0].decode("utf-8", "replace")
+                self._skip(-size % BLOCK, "long name padding")
+            elif typeflag == 120:  # "x": POSIX pax extended header of the next member
+                pax = self._pax(size)
+            elif typeflag == 83:  # "S"
+                raise ShardFormatError(
+                    self.url,
+                    f"unsupported GNU sparse member at byte {offset}",
+                    hint="write shards without --sparse (e.g. with `dali-shards write` or tarfile)",
+                )
+            else:  # directories, links, devices, global pax headers: no sample data
+                long_name, pax = None, None
+                self._skip(size + (-size % BLOCK) if typeflag not in _NO_DATA_FLAGS else 0, "skipped member")
+
+    def read_data(self, member: Member) -> bytes:
+        size = member.size
+        data = self._read_exact(size, f"member {member.name!r}")
+        self._skip(-size % BLOCK, "member padding")
+        return data
+
+    def read_into(self, member: Member, buffer: Any) -> Any:
+        """Read a member's data into ``buffer`` (exactly its size); returns the buffer."""
+        view = memoryview(buffer).cast("B")
+        got, size = 0, member.size
+        readinto = self._f.readinto
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                raise ShardFormatError(
+                    self.url,
+                    f"truncated tar archive: member {member.name!r} ends at byte {self._pos + got} of its {size}",
+                    hint=_TRUNCATED_HINT,
+                )
+            got += n
+        self._pos += size
+        self._skip(-size % BLOCK, "member padding")
+        return buffer
+
+    def skip_data(self, member: Member) -> None:
+        size = member.size
+        self._skip(size + (-size % BLOCK), f"member {member.name!r}")
+
+    # -- samples -------------------------------------------------------------------------
+    def scan(self) -> Iterator[Tuple[int, str, str, Member]]:
+        """``(sample position, key, extension, member)`` of every sample member, from the headers
+        alone (the data is skipped), grouped by the same rules as ``samples``."""
+        position, key = -1, None
+        while True:
+            member = self.next_member()
+            if member is None:
+                return
+            self.skip_data(member)
+            k, ext = split_key(member.name)
+            if k is None or is_metadata(member.name):
+                continue
+            if k != key:
+                position, key = position + 1, k
+            yield position, k, ext, member
+
+    def samples(
+        self,
+        want: Optional[Collection[str]] = None,
+        *,
+        start: int = 0,
+        stop: Optional[int] = None,
+        read: bool = True,
+        into: Optional[Destination] = None,
+        select: Optional[Callable[[int], bool]] = None,
+    ) -> Iterator[RawSample]:
+        """Samples at positions ``[start, stop)`` in tar order (only those ``select`` accepts, if
+        given), with the data of the members whose extension is in ``want`` (all if None), read
+        where ``into`` says (default: new bytes objects). Other samples are passed over by their
+        headers alone, as is every sample with ``read=False``. A sample with two members of one
+        extension comes with ``error`` set (reading goes on)."""
+        current: Optional[RawSample] = None
+        position = -1
+        taking = False
+        key_ext = _KEY_EXT.match
+        next_member, skip_data, read_data, read_into = self.next_member, self.skip_data, self.read_data, self.read_into
+        while True:
+            member = next_member()
+            if member is None:
+                break
+            name = member.name
+            m = key_ext(name)
+            if m is None or ("__" in name and is_metadata(name)):
+                skip_data(member)
+                continue
+            key, ext = m.group(1), m.group(2).lower()
+            if current is None or key != current.key:
+                if current is not None and taking:
+                    yield current
+                position += 1
+                if stop is not None and position >= stop:
+                    self.samples_seen = position
+                    return
+                self.samples_seen = position + 1
+                current = RawSample(key, position, self.url)
+                taking = position >= start and (select is None or select(position))
+            if ext in current.extensions:
+                if not current.error:
+                    current.error = f"duplicate member {name!r} in sample {key!r}"
+                    current.hint = "each sample may hold one file per extension; fix the shard writer"
+                skip_data(member)
+                continue
+            current.extensions.append(ext)
+            if read and taking and (want is None or ext in want):
+                buffer = into(current, ext, member.size) if into is not None else None
+                current.data[ext] = read_data(member) if buffer is None else read_into(member, buffer)
+            else:
+                skip_data(member)
+        if current is not None and taking:
+            yield current
+
+
+@dataclass
+class ShardStats:
+    """What a header scan learns about a shard: its samples and the bytes per extension."""
+
+    samples: int = 0
+    ext_bytes: Dict[str, int] = field(default_factory=dict)
+
+
+def scan_tar(stream: BinaryIO, url: str) -> ShardStats:
+    """Scan a shard's tar headers (member data is skipped, by seeking where possible)."""
+    stats = ShardStats()
+    for position, _, ext, member in TarReader(stream, url).scan():
+        stats.samples = position + 1
+        stats.ext_bytes[ext] = stats.ext_bytes.get(ext, 0) + member.size
+    return stats
+
+
+def count_samples(stream: BinaryIO, url: str) -> int:
+    """Number of samples in a shard, from its headers alone."""
+    return scan_tar(stream, url).samples

@@ -1,0 +1,99 @@
+"""DALI graph pieces: merging the workers' padded batches and unpacking the samples' fields.
+
+These functions run while a pipeline is defined with conditionals enabled (AutoGraph converts
+them), so the ``if`` on a DataNode below becomes DALI conditional execution.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+from nvidia.dali import fn, types
+from nvidia.dali.data_node import DataNode
+
+from dali_shards.worker.layout import SampleLayout, table_slot
+
+
+class SlotOwners:
+    """Source of the constant per-slot owner ids ``[0]*m + [1]*m + ...`` (worker of each slot)."""
+
+    def __init__(self, num_workers: int, mini_batch: int):
+        self.owners = np.repeat(np.arange(num_workers, dtype=np.int32), mini_batch)
+
+    def __call__(self) -> np.ndarray:
+        return self.owners
+
+
+class RowOffsets:
+    """Source of the constant per-slot byte offset of the slot's row in its worker's table."""
+
+    def __init__(self, num_workers: int, mini_batch: int, row_bytes: int):
+        rows = np.tile(np.arange(mini_batch, dtype=np.int32), num_workers)
+        self.offsets = (rows * row_bytes).reshape(-1, 1)
+
+    def __call__(self) -> np.ndarray:
+        return self.offsets
+
+
+def merge_slices(owner: DataNode, slices: Sequence[Tuple[DataNode, ...]]) -> Tuple[DataNode, ...]:
+    """One batch whose slot ``i`` comes from ``slices[owner[i]]``; each slice is a tuple of
+    DataNodes (all merged alike), and so is the result.
+
+    A balanced tree of conditionals: ``log2(N)`` levels deep, ``O(N log N)`` operators in all
+    (a linear ``if/elif`` chain needs ``O(N^2)``).
+    """
+    return _merge_range(owner, list(slices), 0, len(slices))
+
+
+def _merge_range(owner: DataNode, slices: List[Tuple[DataNode, ...]], lo: int, hi: int) -> Tuple[DataNode, ...]:
+    if hi - lo == 1:
+        return slices[lo]
+    mid = (lo + hi) // 2
+    if owner < mid:
+        merged = _merge_range(owner, slices, lo, mid)
+    else:
+        merged = _merge_range(owner, slices, mid, hi)
+    return merged
+
+
+def _cut(data: DataNode, offset: DataNode, length: DataNode) -> DataNode:
+    return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
+
+
+def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> List[DataNode]:
+    out = []
+    for spec in layout.fields:
+        if spec.kind == "payload":
+            out.append(payload)
+        elif spec.kind in ("bytes", "key"):
+            out.append(_cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2]))
+        elif spec.kind == "valid":
+            out.append(header[spec.slot] == 1)  # status: 1 valid, 0 padding, -1 skipped
+        else:
+            out.append(header[spec.slot])
+    return out
+
+
+def assemble_fields(
+    outputs: Sequence[DataNode], layout: SampleLayout, batch_size: int
+) -> Tuple[List[DataNode], DataNode]:
+    """The requested fields, in the layout's order, from the workers' external-source outputs
+    (byte fields as 1-D uint8, ``.cls`` and ``__index__`` as int64 scalars, ``__valid__`` bool),
+    and each slot's ``[index, status]`` (int64) for the iterator."""
+    if not layout.table:
+        (blob,) = outputs
+        header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=types.INT64)
+        return _fields(header, blob, None, layout), header[0:2]
+    num_workers = len(outputs)
+    mini_batch = batch_size // num_workers
+    tables = [
+        fn.permute_batch(out, indices=[table_slot(w, num_workers, mini_batch)] * batch_size)
+        for w, out in enumerate(outputs)
+    ]
+    owner = fn.external_source(source=SlotOwners(num_workers, mini_batch), batch=True)
+    payload, table = merge_slices(owner, list(zip(outputs, tables)))
+    rows = fn.external_source(source=RowOffsets(num_workers, mini_batch, layout.header_bytes), batch=True)
+    row = _cut(table, rows, np.array([layout.header_bytes], dtype=np.int32))
+    header = fn.reinterpret(row, dtype=types.INT64)
+    return _fields(header, table, payload, layout), header[0:2]

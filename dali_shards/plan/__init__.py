@@ -1,0 +1,1 @@
+"""plan: see docs/architecture.md."""

@@ -1,0 +1,90 @@
+"""Checking an epoch: which samples every rank really received, against what the plan delivers.
+
+``DALIShardedIterator(..., audit=True)`` records, per epoch, the ``__index__`` of every valid
+sample it returns and of every sample skipped with ``on_error="skip"``; at the epoch's end it
+gathers them from all ranks (under ``torch.distributed``) and reports duplicates, missing samples,
+skipped samples and steps per rank. ``summarize`` does the same for lists gathered any other way
+(e.g. simulated ranks in one process).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from dali_shards.plan.epoch import EpochPlan
+
+
+def expected_indices(plan: EpochPlan) -> np.ndarray:
+    """``__index__`` of every sample the plan delivers as valid over all ranks, from its start step."""
+    spec = plan.spec
+    skip = plan.start_step * spec.mini_batch
+    positions = [
+        pos
+        for v in range(spec.num_virtual_workers)
+        for i, (pos, valid) in enumerate(plan.iter_worker_order(v))
+        if valid and i >= skip
+    ]
+    return plan.canonical_index(np.asarray(positions, dtype=np.int64))
+
+
+class EpochRecord:
+    """What one rank received in one epoch."""
+
+    def __init__(self) -> None:
+        self.indices: List[np.ndarray] = []
+        self.skipped: List[np.ndarray] = []
+        self.steps = 0
+
+    def add(self, indices: np.ndarray, skipped: np.ndarray) -> None:
+        self.indices.append(np.asarray(indices, dtype=np.int64).reshape(-1))
+        self.skipped.append(np.asarray(skipped, dtype=np.int64).reshape(-1))
+        self.steps += 1
+
+    def as_tuple(self):
+        cat = lambda xs: np.concatenate(xs) if xs else np.empty(0, dtype=np.int64)  # noqa: E731
+        return cat(self.indices), cat(self.skipped), self.steps
+
+
+def summarize(epoch: int, ranks: Sequence, expected: np.ndarray) -> Dict:
+    """The audit report of an epoch from every rank's ``(indices, skipped, steps)``."""
+    indices = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in ranks]) if ranks else np.empty(0, np.int64)
+    skipped = np.unique(np.concatenate([np.asarray(r[1], dtype=np.int64) for r in ranks])) if ranks else indices
+    unique, counts = np.unique(indices, return_counts=True)
+    expected = np.unique(np.asarray(expected, dtype=np.int64))
+    missing = np.setdiff1d(np.setdiff1d(expected, unique, assume_unique=True), skipped, assume_unique=True)
+    unexpected = np.setdiff1d(unique, expected, assume_unique=True)
+    steps = [int(r[2]) for r in ranks]
+    report = {
+        "epoch": int(epoch),
+        "ranks": len(ranks),
+        "expected": int(len(expected)),
+        "delivered": int(len(indices)),
+        "duplicates": int((counts - 1).sum()),
+        "missing": int(len(missing)),
+        "unexpected": int(len(unexpected)),
+        "skipped": skipped.tolist(),
+        "steps_per_rank": steps,
+        "equal_steps": len(set(steps)) <= 1,
+        "missing_examples": missing[:10].tolist(),
+        "duplicate_examples": unique[counts > 1][:10].tolist(),
+    }
+    report["exactly_once"] = (
+        not (report["duplicates"] or report["missing"] or report["unexpected"]) and report["equal_steps"]
+    )
+    return report
+
+
+def gather(record: EpochRecord) -> Optional[List]:
+    """Every rank's record under an initialized ``torch.distributed`` group (a collective call:
+    every rank must make it), else None."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    mine = record.as_tuple()
+    everyone: List = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine[0].tolist(), mine[1].tolist(), mine[2]))
+    return everyone

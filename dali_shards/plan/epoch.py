@@ -1,0 +1,428 @@
+"""Who reads which samples, in which order, in each epoch: a pure function with no DALI import.
+
+The plan for an epoch depends only on (shard sizes, seed, epoch, world size, workers per rank,
+per-rank batch size, last-batch mode, shuffle settings):
+
+1. The shard order is shuffled with an RNG keyed by ``(seed, epoch)`` -- identical in every
+   process -- or kept canonical when ``shuffle=False``.
+2. The samples, in that shard order, form one sequence. Virtual worker
+   ``v = rank * num_workers + worker`` (of ``V = world_size * num_workers``) gets the balanced
+   contiguous run ``[v * T // V, (v + 1) * T // V)`` of it: run sizes differ by at most one
+   sample, and a worker touches only its own shards (sharing at most the two at its run's ends).
+3. Each worker emits its run through a buffer shuffle keyed by ``(seed, epoch, v)`` (or in order),
+   ``mini_batch = batch_size // num_workers`` samples per step, for ``steps`` steps -- the same
+   number on every rank. With ``last_batch="pad"`` the tail is padded with a real sample marked
+   invalid; with ``last_batch="drop"`` only whole global batches are planned and the rest of the
+   sequence is left out (different samples each epoch when shuffling).
+
+Random streams come from PCG64 raw output, which NumPy keeps stable across releases, so a plan is
+reproducible run after run and across machines. ``PLAN_VERSION`` changes whenever this changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dali_shards.errors import ConfigError, EmptyDatasetError
+
+PLAN_VERSION = 1
+LAST_BATCH_MODES = ("pad", "drop")
+_MASK64 = (1 << 64) - 1
+_TAG_SHARD_ORDER = 0x5348_4152  # domain separation between the random streams
+_TAG_BUFFER = 0x4255_4646
+
+
+def _bitgen(*key: int) -> np.random.PCG64:
+    return np.random.PCG64(np.random.SeedSequence([int(k) & _MASK64 for k in key]))
+
+
+def _random_ints(bitgen: np.random.PCG64, chunk: int = 4096) -> Iterator[int]:
+    while True:
+        yield from bitgen.random_raw(chunk).tolist()
+
+
+def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """The shard order of an epoch when shuffling: a permutation of ``range(num_shards)``."""
+    raw = _bitgen(_TAG_SHARD_ORDER, seed, epoch).random_raw(num_shards)
+    return np.argsort(raw, kind="stable").astype(np.int64)
+
+
+def buffer_shuffle_order(n: int, buffer_size: int, seed: int, epoch: int, worker: int) -> Iterator[int]:
+    """Emission order of ``range(n)`` read in order through a shuffle buffer of ``buffer_size``.
+
+    Element ``x`` is emitted no earlier than ``x - buffer_size`` elements after it was read, so
+    a reader holds at most ``buffer_size`` samples. With ``n <= buffer_size`` it is a uniform
+    random permutation.
+    """
+    rand = _random_ints(_bitgen(_TAG_BUFFER, seed, epoch, worker))
+    size = min(buffer_size, n)
+    buf = list(range(size))
+    for x in range(size, n):
+        j = next(rand) % size
+        yield buf[j]
+        buf[j] = x
+    for i in range(len(buf) - 1, 0, -1):  # drain: Fisher-Yates over what is left
+        j = next(rand) % (i + 1)
+        buf[i], buf[j] = buf[j], buf[i]
+    yield from buf
+
+
+def check_positive(obj: object, *names: str) -> None:
+    """ConfigError unless each named attribute of ``obj`` is a positive integer."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+class BatchLayout:
+    """What a plan shares with the streaming plan: ranks x workers x batch and the last batch
+    mode (fields ``world_size``, ``num_workers``, ``batch_size``, ``last_batch``)."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    last_batch: str
+
+    def _check_layout(self) -> None:
+        check_positive(self, "world_size", "num_workers", "batch_size")
+        if self.batch_size % self.num_workers:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be a multiple of py_num_workers "
+                f"({self.num_workers}): each worker fills an equal slice of every batch. "
+                f"Use e.g. batch_size={self.batch_size // self.num_workers * self.num_workers or self.num_workers}"
+                f" or py_num_workers that divides {self.batch_size}"
+            )
+        if self.last_batch not in LAST_BATCH_MODES:
+            raise ConfigError(f"last_batch must be one of {LAST_BATCH_MODES}, got {self.last_batch!r}")
+
+    @property
+    def num_virtual_workers(self) -> int:
+        """V = world_size * num_workers."""
+        return self.world_size * self.num_workers
+
+    @property
+    def mini_batch(self) -> int:
+        """Samples each worker contributes to each batch."""
+        return self.batch_size // self.num_workers
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size
+
+
+class Segment(NamedTuple):
+    """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
+    first of them is at ``position`` in the epoch's sample sequence."""
+
+    shard: int
+    first: int
+    stop: int
+    position: int
+
+
+@dataclass(frozen=True)
+class PlanSpec(BatchLayout):
+    """Everything a plan depends on except the epoch; validated on construction."""
+
+    shard_sizes: Tuple[int, ...]
+    world_size: int = 1
+    num_workers: int = 1
+    batch_size: int = 1
+    seed: int = 0
+    shuffle: bool = False
+    last_batch: str = "pad"
+    shuffle_buffer: int = 1024
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
+        check_positive(self, "shuffle_buffer")
+        self._check_layout()
+        if any(s < 0 for s in self.shard_sizes):
+            raise ConfigError(f"shard sizes must be non-negative, got {self.shard_sizes}")
+        if self.num_samples == 0:
+            raise EmptyDatasetError(
+                f"the {len(self.shard_sizes)} shard(s) hold no samples; check the shard paths "
+                "and that members are named <key>.<ext>"
+            )
+        if self.steps_per_epoch == 0:
+            raise EmptyDatasetError(
+                f"last_batch='drop' with {self.num_samples} samples and a global batch of "
+                f"{self.global_batch} (world_size {self.world_size} x batch_size {self.batch_size}) "
+                "leaves no complete batch; use last_batch='pad' or a smaller batch"
+            )
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (T)."""
+        return sum(self.shard_sizes)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches every rank delivers per epoch (the same on all ranks)."""
+        if self.last_batch == "pad":
+            return -(-self.num_samples // self.global_batch)
+        return self.num_samples // self.global_batch
+
+    @property
+    def planned_samples(self) -> int:
+        """Samples delivered as valid per epoch over all ranks."""
+        if self.last_batch == "pad":
+            return self.num_samples
+        return self.steps_per_epoch * self.global_batch
+
+    @property
+    def padding_per_epoch(self) -> int:
+        """Slots filled with padding (``__valid__`` false) per epoch over all ranks."""
+        return self.steps_per_epoch * self.global_batch - self.planned_samples
+
+    @property
+    def dropped_per_epoch(self) -> int:
+        return self.num_samples - self.planned_samples
+
+    def worker_span(self, v: int) -> Tuple[int, int]:
+        """Positions ``[start, stop)`` of worker ``v``'s run in every (full) epoch's sample sequence."""
+        self._check_worker(v)
+        return _span(v, self.planned_samples, self.num_virtual_workers)
+
+    def worker_valid_count(self, v: int) -> int:
+        start, stop = self.worker_span(v)
+        return stop - start
+
+    def valid_mask(self, rank: int, step: int) -> np.ndarray:
+        """Which slots of ``rank``'s batch at ``step`` hold real samples (same every epoch)."""
+        if not 0 <= step < self.steps_per_epoch:
+            raise IndexError(f"step {step} outside 0..{self.steps_per_epoch - 1}")
+        m = self.mini_batch
+        emitted = step * m + np.arange(m)
+        return np.concatenate(
+            [emitted < self.worker_valid_count(rank * self.num_workers + w) for w in range(self.num_workers)]
+        )
+
+    def epoch(self, epoch: int) -> "EpochPlan":
+        return EpochPlan(self, int(epoch))
+
+    def _check_worker(self, v: int) -> None:
+        if not 0 <= v < self.num_virtual_workers:
+            raise IndexError(f"virtual worker {v} outside 0..{self.num_virtual_workers - 1}")
+
+
+def _span(v: int, planned: int, workers: int) -> Tuple[int, int]:
+    return v * planned // workers, (v + 1) * planned // workers
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The plan of one epoch: shard order, each worker's reads and emission order.
+
+    A resumed epoch plans only ``subset`` (sorted positions of the epoch's sample sequence still to
+    deliver, after an elastic resume) and/or starts at ``start_step`` (after a resume with the same
+    layout); steps are counted from the plan's start either way.
+    """
+
+    spec: PlanSpec
+    epoch: int
+    subset: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    start_step: int = 0
+
+    # -- sizes ---------------------------------------------------------------------------
+    @cached_property
+    def available(self) -> int:
+        """Samples this plan may deliver (the whole sequence, or the subset)."""
+        return self.spec.num_samples if self.subset is None else len(self.subset)
+
+    @cached_property
+    def steps(self) -> int:
+        """Batches every rank delivers under this plan (``steps_per_epoch`` for a full epoch)."""
+        gb = self.spec.global_batch
+        return -(-self.available // gb) if self.spec.last_batch == "pad" else self.available // gb
+
+    @cached_property
+    def planned(self) -> int:
+        """Samples delivered as valid under this plan, over all ranks."""
+        return self.available if self.spec.last_batch == "pad" else self.steps * self.spec.global_batch
+
+    def worker_span(self, v: int) -> Tuple[int, int]:
+        """Worker ``v``'s balanced contiguous run ``[start, stop)`` of the planned samples."""
+        self.spec._check_worker(v)
+        return _span(v, self.planned, self.spec.num_virtual_workers)
+
+    def worker_valid_count(self, v: int) -> int:
+        start, stop = self.worker_span(v)
+        return stop - start
+
+    def valid_mask(self, rank: int, step: int) -> np.ndarray:
+        """Which slots of ``rank``'s batch at ``step`` hold real samples."""
+        if not 0 <= step < self.steps:
+            raise IndexError(f"step {step} outside 0..{self.steps - 1}")
+        m = self.spec.mini_batch
+        emitted = step * m + np.arange(m)
+        return np.concatenate(
+            [emitted < self.worker_valid_count(rank * self.spec.num_workers + w) for w in range(self.spec.num_workers)]
+        )
+
+    # -- sequence ------------------------------------------------------------------------
+    @cached_property
+    def shard_order(self) -> np.ndarray:
+        n = len(self.spec.shard_sizes)
+        if self.spec.shuffle:
+            return shard_permutation(n, self.spec.seed, self.epoch)
+        return np.arange(n, dtype=np.int64)
+
+    @cached_property
+    def _sizes(self) -> np.ndarray:
+        return np.asarray(self.spec.shard_sizes, dtype=np.int64)
+
+    @cached_property
+    def _sequence_ends(self) -> np.ndarray:
+        return np.cumsum(self._sizes[self.shard_order])
+
+    @cached_property
+    def canonical_starts(self) -> np.ndarray:
+        """``__index__`` of the first sample of each shard (shards in the order given)."""
+        return np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+
+    def position(self, index: int) -> int:
+        """The sequence position of the plan's ``index``-th sample."""
+        return index if self.subset is None else int(self.subset[index])
+
+    def locate(self, positions: Sequence[int] | np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(shard, sample-in-shard) of epoch-sequence positions."""
+        pos = np.asarray(positions, dtype=np.int64)
+        slot = np.searchsorted(self._sequence_ends, pos, side="right")
+        shard = self.shard_order[slot]
+        local = pos - (self._sequence_ends[slot] - self._sizes[shard])
+        return shard, local
+
+    def canonical_index(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``__index__`` of epoch-sequence positions: offset of the shard in the given order plus
+        the sample's position in the tar."""
+        shard, local = self.locate(positions)
+        return self.canonical_starts[shard] + local
+
+    # -- workers -------------------------------------------------------------------------
+    def _valid_order(self, v: int) -> Iterator[int]:
+        start, stop = self.worker_span(v)
+        if not self.spec.shuffle:
+            local: Iterator[int] = iter(range(stop - start))
+        else:
+            local = buffer_shuffle_order(stop - start, self.spec.shuffle_buffer, self.spec.seed, self.epoch, v)
+        if self.subset is None:
+            return (start + x for x in local)
+        subset = self.subset
+        return (int(subset[start + x]) for x in local)
+
+    def pad_position(self, v: int) -> int:
+        """The sample whose copies pad worker ``v``'s last slots: its last emitted sample, or, for
+        a worker with an empty run, the sample at its run's place in the sequence."""
+        start, stop = self.worker_span(v)
+        if stop > start:
+            *_, last = self._valid_order(v)
+            return last
+        return self.position(min(start, self.available - 1))
+
+    def iter_worker_order(self, v: int) -> Iterator[Tuple[int, bool]]:
+        """(epoch position, valid) of every slot worker ``v`` fills under this plan, from step 0."""
+        count = 0
+        last = None
+        for pos in self._valid_order(v):
+            yield pos, True
+            last = pos
+            count += 1
+        total = self.steps * self.spec.mini_batch
+        if count < total:
+            pad = last if last is not None else self.pad_position(v)
+            for _ in range(total - count):
+                yield pad, False
+
+    def worker_emissions(self, v: int) -> List[Tuple[int, bool]]:
+        """What worker ``v`` still emits: its order from ``start_step`` on."""
+        skip = self.start_step * self.spec.mini_batch
+        return [e for i, e in enumerate(self.iter_worker_order(v)) if i >= skip]
+
+    def worker_order(self, v: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Arrays of epoch positions and valid flags, ``steps * mini_batch`` long (from step 0)."""
+        pairs = list(self.iter_worker_order(v))
+        return (
+            np.fromiter((p for p, _ in pairs), dtype=np.int64, count=len(pairs)),
+            np.fromiter((ok for _, ok in pairs), dtype=bool, count=len(pairs)),
+        )
+
+    def reads_covering(self, first: int, stop: int) -> List[Segment]:
+        """Segments of shards covering sequence positions ``[first, stop)``, in reading order."""
+        segments = []
+        slot = int(np.searchsorted(self._sequence_ends, first, side="right"))
+        pos = first
+        while pos < stop:
+            shard = int(self.shard_order[slot])
+            end = int(self._sequence_ends[slot])
+            begin = end - int(self._sizes[shard])
+            if end > pos:
+                segments.append(Segment(shard, pos - begin, min(stop, end) - begin, pos))
+                pos = min(stop, end)
+            slot += 1
+        return segments
+
+    def worker_reads(self, v: int) -> List[Segment]:
+        """The stretch of samples worker ``v`` reads under this plan (from step 0), as segments in
+        reading order: its run, or the one sample it pads with if its run is empty."""
+        start, stop = self.worker_span(v)
+        if stop == start:
+            pad = self.pad_position(v)
+            return self.reads_covering(pad, pad + 1)
+        if self.subset is None:
+            return self.reads_covering(start, stop)
+        return self.reads_covering(int(self.subset[start]), int(self.subset[stop - 1]) + 1)
+
+    def rank_batches(self, rank: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``__index__`` and ``__valid__`` of every slot of ``rank``'s batches under this plan (from
+        step 0): two ``(steps, batch_size)`` arrays -- what that rank's pipeline delivers."""
+        spec = self.spec
+        if not 0 <= rank < spec.world_size:
+            raise IndexError(f"rank {rank} outside 0..{spec.world_size - 1}")
+        steps, m = self.steps, spec.mini_batch
+        index = np.empty((steps, spec.batch_size), dtype=np.int64)
+        valid = np.empty((steps, spec.batch_size), dtype=bool)
+        for w in range(spec.num_workers):
+            pos, ok = self.worker_order(rank * spec.num_workers + w)
+            index[:, w * m : (w + 1) * m] = self.canonical_index(pos).reshape(steps, m)
+            valid[:, w * m : (w + 1) * m] = ok.reshape(steps, m)
+        return index, valid
+
+    # -- progress ------------------------------------------------------------------------
+    def consumed(self, steps: int) -> np.ndarray:
+        """Sequence positions delivered as valid in this plan's first ``steps`` steps (all ranks)."""
+        m = self.spec.mini_batch
+        out = []
+        for v in range(self.spec.num_virtual_workers):
+            valid = min(self.worker_valid_count(v), steps * m)
+            out.extend(itertools.islice(self._valid_order(v), valid))
+        return np.sort(np.asarray(out, dtype=np.int64))
+
+    def remaining(self, steps: int) -> np.ndarray:
+        """Sorted sequence positions of the plan's samples not delivered in its first ``steps`` steps."""
+        everything = np.arange(self.spec.num_samples, dtype=np.int64) if self.subset is None else self.subset
+        return np.setdiff1d(everything, self.consumed(steps), assume_unique=True)
+
+
+def plan_epoch(
+    shard_sizes: Sequence[int],
+    *,
+    epoch: int,
+    world_size: int = 1,
+    num_workers: int = 1,
+    batch_size: int = 1,
+    seed: int = 0,
+    shuffle: bool = False,
+    last_batch: str = "pad",
+    shuffle_buffer: int = 1024,
+) -> EpochPlan:
+    """The plan of one epoch (see the module docstring)."""
+    spec = PlanSpec(tuple(shard_sizes), world_size, num_workers, batch_size, seed, shuffle, last_batch, shuffle_buffer)
+    return spec.epoch(epoch)

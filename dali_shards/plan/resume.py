@@ -1,0 +1,111 @@
+"""Where an epoch stands, as a small JSON-able state, and how to continue from it.
+
+The plan is a pure function, so a position in an epoch is just: the epoch, and the layouts it ran
+under (world size, workers, batch size, ...) with the steps taken under each. No buffers, no
+sample lists. The state is the same on every rank (all ranks take the same steps)::
+
+    {"format": "dali-shards-state", "plan_version": 1,
+     "dataset": {"shards": 128, "samples": 1281167, "fingerprint": "3f1c..."},
+     "seed": 42, "shuffle": true, "epoch": 7,
+     "history": [{"world_size": 8, "num_workers": 4, "batch_size": 256, "last_batch": "pad",
+                  "shuffle_buffer": 1024, "steps": 311}]}
+
+Resuming under the same layout continues every worker's order where it stopped (the epoch comes out
+as if never interrupted); under another layout the samples not yet delivered are planned anew over
+the new ranks and workers, and later epochs follow the new layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+from dali_shards.errors import ConfigError
+from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
+
+STATE_FORMAT = "dali-shards-state"
+LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer")
+
+
+def layout_of(spec: PlanSpec) -> Dict[str, Any]:
+    return {k: getattr(spec, k) for k in LAYOUT_KEYS}
+
+
+def fingerprint(shard_sizes) -> str:
+    """Identifies a dataset by its shard sizes (in order)."""
+    return hashlib.sha1(json.dumps(list(shard_sizes)).encode()).hexdigest()[:16]
+
+
+def make_state(spec: PlanSpec, epoch: int, prior: List[Dict[str, Any]], plan: EpochPlan, steps: int) -> Dict[str, Any]:
+    """The state after ``steps`` batches of ``plan`` (counted from the plan's step 0), the plan
+    running in ``epoch`` after the ``prior`` layouts of that epoch. At the end of an epoch the
+    state is the start of the next one."""
+    if steps >= plan.steps:
+        epoch, history = epoch + 1, []
+    elif steps == 0 and not prior and plan.subset is None:
+        history = []  # the start of a fresh epoch
+    else:
+        history = [*prior, {**layout_of(spec), "steps": int(steps)}]
+    return {
+        "format": STATE_FORMAT,
+        "plan_version": PLAN_VERSION,
+        "dataset": {
+            "shards": len(spec.shard_sizes),
+            "samples": spec.num_samples,
+            "fingerprint": fingerprint(spec.shard_sizes),
+        },
+        "seed": spec.seed,
+        "shuffle": spec.shuffle,
+        "epoch": int(epoch),
+        "history": history,
+    }
+
+
+def _check(spec: PlanSpec, state: Dict[str, Any]) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ConfigError("not a dali_shards state (expected the dict from DALIShardedIterator.state_dict())")
+    if state.get("plan_version") != PLAN_VERSION:
+        raise ConfigError(
+            f"the state was saved with plan version {state.get('plan_version')}, this dali_shards plans with "
+            f"version {PLAN_VERSION}; resume with the dali_shards version that saved it"
+        )
+    data = state.get("dataset", {})
+    if data.get("fingerprint") != fingerprint(spec.shard_sizes):
+        raise ConfigError(
+            f"the state was saved for another dataset ({data.get('samples')} samples in {data.get('shards')} "
+            f"shards) than this pipeline reads ({spec.num_samples} samples in {len(spec.shard_sizes)} shards); "
+            "resume with the same shards, in the same order"
+        )
+    if state.get("seed") != spec.seed or bool(state.get("shuffle")) != spec.shuffle:
+        raise ConfigError(
+            f"the state was saved with seed={state.get('seed')}, shuffle={state.get('shuffle')}; this pipeline "
+            f"has seed={spec.seed}, shuffle={spec.shuffle}: resume with the same seed and shuffle"
+        )
+
+
+def resume_point(spec: PlanSpec, state: Dict[str, Any]) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
+    """Where a pipeline with ``spec`` resumes ``state``: the epoch to start at, the plan for that
+    epoch (None for a plain start of it), and the layouts that already ran in that epoch."""
+    _check(spec, state)
+    epoch = int(state["epoch"])
+    history = list(state.get("history", []))
+    if not history:
+        return epoch, None, []
+    subset = None
+    for i, entry in enumerate(history):
+        try:
+            layout = {k: entry[k] for k in LAYOUT_KEYS}
+            steps = int(entry["steps"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"malformed state: history entry {i} needs {LAYOUT_KEYS} and steps") from None
+        past = EpochPlan(PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **layout), epoch, subset)
+        if steps >= past.steps:  # that layout finished the epoch
+            return epoch + 1, None, []
+        if i == len(history) - 1 and layout == layout_of(spec):
+            return epoch, EpochPlan(spec, epoch, subset, start_step=steps), history[:-1]
+        subset = past.remaining(steps)
+    plan = EpochPlan(spec, epoch, subset)
+    if plan.steps == 0:  # too few samples left for a whole batch ("drop")
+        return epoch + 1, None, []
+    return epoch, plan, history

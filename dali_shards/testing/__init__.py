@@ -1,0 +1,1 @@
+"""testing: see docs/architecture.md."""

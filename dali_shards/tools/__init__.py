@@ -1,0 +1,1 @@
+"""tools: see docs/architecture.md."""

@@ -1,0 +1,61 @@
+"""Index files for DALI's own ``fn.readers.webdataset``, written from our scan of the shards.
+
+The format is the one DALI's ``wds2idx`` writes (version ``v1.2``): a first line
+``v1.2 <samples>``, then one line per sample listing ``<ext> <data offset> <size> <member name>``
+for each of its members. With it, DALI's reader opens the same shards without scanning them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from dali_shards.errors import ShardFormatError
+from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.io.storage import local_path, open_shard, shard_size
+from dali_shards.io.tarformat import BLOCK, TarReader
+
+INDEX_VERSION = "v1.2"
+
+
+def index_path_for(url: str) -> str:
+    """Where the index of a shard goes: beside it, named like the shard up to its first dot."""
+    path = local_path(url) or url
+    folder, name = os.path.split(path)
+    return os.path.join(folder, name.split(".", 1)[0] + ".idx")
+
+
+def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
+    """Scan a shard, write its DALI index (uncompressed shards only: DALI's reader cannot read
+    compressed ones), and return its ShardInfo for a manifest."""
+    idx_path = idx_path or index_path_for(url)
+    samples = []
+    ext_bytes: dict = {}
+    with open_shard(url) as stream:
+        if not stream.seekable():  # decompressing streams are not
+            raise ShardFormatError(
+                url,
+                "is compressed; DALI's webdataset reader reads only uncompressed tars",
+                hint="write uncompressed shards (or pass --no-idx to write only the manifest)",
+            )
+        for position, key, ext, member in TarReader(stream, url).scan():
+            raw_ext = member.name[len(key) + 1 :]  # DALI matches extensions case-sensitively by default
+            entry = f"{raw_ext} {member.header_offset + BLOCK} {member.size} {member.name}"
+            if position == len(samples):
+                samples.append([entry])
+            else:
+                samples[-1].append(entry)
+            ext_bytes[ext] = ext_bytes.get(ext, 0) + member.size
+    if any(" " in entry.split(" ", 3)[3] for sample in samples for entry in sample):
+        raise ShardFormatError(
+            url,
+            "has member names with spaces, which DALI's index format cannot hold",
+            hint="rename the members or pass --no-idx",
+        )
+    tmp = f"{idx_path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{INDEX_VERSION} {len(samples)}\n")
+        for sample in samples:
+            f.write(" ".join(sample) + "\n")
+    os.replace(tmp, idx_path)
+    return ShardInfo(url, len(samples), shard_size(url), ext_bytes)

@@ -1,0 +1,121 @@
+"""Finding the files to shard: an ImageFolder tree (``class/xxx.jpg``) or a file list, with labels.
+
+Classes of an ImageFolder tree are numbered as ``torchvision.datasets.ImageFolder`` numbers them
+(sorted directory names), unless a class map says otherwise; a file list gives each file's label
+itself. Files are listed in a deterministic order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from dali_shards.errors import ConfigError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class SourceFile(NamedTuple):
+    """A file to put into a shard: its path, its label (or None) and its member extension."""
+
+    path: str
+    label: Optional[int]
+    ext: str
+
+
+def _extension(path: str) -> str:
+    return os.path.splitext(path)[1].lstrip(".").lower()
+
+
+def find_image_folder(
+    root: str, class_map: Optional[Dict[str, int]] = None, numeric: bool = False
+) -> Tuple[List[SourceFile], Dict[str, int]]:
+    """The images under ``root/<class>/...`` with their class index, and the class map used;
+    ``numeric`` takes integer directory names (e.g. ImageNet class ids) as the labels."""
+    if not os.path.isdir(root):
+        raise ConfigError(f"{root!r} is not a directory; give an ImageFolder tree (class/xxx.jpg) or a file list")
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise ConfigError(f"{root!r} has no class subdirectories (expected {root}/<class>/<image>)")
+    if numeric:
+        bad = [c for c in classes if not c.isdigit()]
+        if bad:
+            raise ConfigError(f"numeric class directories expected, got {bad[:5]}; drop --numeric-classes")
+        class_map = {name: int(name) for name in classes}
+    elif class_map is None:
+        class_map = {name: i for i, name in enumerate(classes)}
+    else:
+        unknown = [c for c in classes if c not in class_map]
+        if unknown:
+            raise ConfigError(f"classes {unknown[:5]} of {root!r} are not in the class map; add them or drop them")
+    files = []
+    for name in classes:
+        for folder, dirs, names in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            dirs.sort()
+            for fname in sorted(names):
+                if fname.lower().endswith(IMAGE_EXTENSIONS):
+                    path = os.path.join(folder, fname)
+                    files.append(SourceFile(path, class_map[name], _extension(path)))
+    if not files:
+        raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root!r}")
+    return files, class_map
+
+
+def read_file_list(path: str) -> List[SourceFile]:
+    """Files from a list: one ``path [label]`` per line (``#`` comments and blank lines ignored);
+    relative paths are relative to the list's directory."""
+    base = os.path.dirname(os.path.abspath(path))
+    files = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read file list {path!r}: {exc}") from None
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.rsplit(None, 1)
+        label: Optional[int] = None
+        if len(parts) == 2:
+            try:
+                label = int(parts[1])
+                line = parts[0]
+            except ValueError:
+                pass
+        file_path = line if os.path.isabs(line) else os.path.join(base, line)
+        if not os.path.isfile(file_path):
+            raise ConfigError(f"{path}:{number}: file {line!r} not found")
+        ext = _extension(file_path)
+        if not ext:
+            raise ConfigError(f"{path}:{number}: {line!r} has no extension to name its member by")
+        files.append(SourceFile(file_path, label, ext))
+    if not files:
+        raise ConfigError(f"file list {path!r} names no files")
+    return files
+
+
+def find_sources(
+    src: str, class_map: Optional[Dict[str, int]] = None, numeric: bool = False
+) -> Tuple[List[SourceFile], Optional[Dict[str, int]]]:
+    """The files of an ImageFolder tree or a file list, and the class map (None for a list)."""
+    if os.path.isdir(src):
+        return find_image_folder(src, class_map, numeric)
+    return read_file_list(src), None
+
+
+def load_class_map(path: str) -> Dict[str, int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read class map {path!r}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):
+        raise ConfigError(f"class map {path!r} must be a JSON object of class name -> integer index")
+    return data
+
+
+def save_class_map(path: str, class_map: Dict[str, int]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(dict(sorted(class_map.items(), key=lambda kv: kv[1])), f, indent=1)
+        f.write("\n")

@@ -1,0 +1,220 @@
+"""Writing WebDataset-style tar shards (``<key>.<ext>`` members grouped by key).
+
+Output is deterministic: the same samples give byte-identical shards (fixed mtime, owner and
+mode, gzip header without a timestamp), so shards can be checksummed and rebuilt reproducibly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import random
+import tarfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tqdm import tqdm
+
+from dali_shards.errors import ConfigError
+from dali_shards.catalog.manifest import ShardInfo
+
+if TYPE_CHECKING:
+    from dali_shards.tools.imagefolder import SourceFile
+
+SampleData = Mapping[str, Union[bytes, str, int]]
+
+
+def _member_bytes(value: Union[bytes, bytearray, memoryview, str, int]) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (str, int)):
+        return str(value).encode("utf-8")
+    raise TypeError(f"sample values must be bytes, str or int, got {type(value).__name__}")
+
+
+class TarShardFile:
+    """One shard being written; ``.tar.gz``/``.tgz`` paths are gzip-compressed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.count = 0
+        self.size = 0
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open(path, "wb")
+        self._gzip = None
+        target = self._file
+        if path.endswith((".gz", ".tgz")):
+            self._gzip = target = gzip.GzipFile(fileobj=self._file, mode="wb", mtime=0, filename="")
+        self._tar = tarfile.open(fileobj=target, mode="w", format=tarfile.GNU_FORMAT)
+
+    def add(self, sample: SampleData) -> None:
+        """Add one sample: ``{"__key__": "000001", "jpg": b"...", "cls": 3}``."""
+        key = sample.get("__key__")
+        if not isinstance(key, str) or not key or "." in os.path.basename(key):
+            raise ConfigError(f"each sample needs a '__key__' string without dots, got {key!r}")
+        members = {ext.lstrip("."): _member_bytes(v) for ext, v in sample.items() if not ext.startswith("__")}
+        if not members:
+            raise ConfigError(f"sample {key!r} has no members")
+        for ext, data in members.items():
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o444
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            self._tar.addfile(info, io.BytesIO(data))
+            self.size += len(data)
+        self.count += 1
+
+    def close(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            if self._gzip is not None:
+                self._gzip.close()
+            self._file.close()
+            self._tar = None
+
+    def __enter__(self) -> "TarShardFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_shard(path: str, samples: Iterable[SampleData]) -> int:
+    """Write exactly one shard (possibly empty); returns its number of samples."""
+    with TarShardFile(path) as shard:
+        for s in samples:
+            shard.add(s)
+    return shard.count
+
+
+class ShardWriter:
+    """Writes samples into numbered shards, starting a new shard after ``max_count`` samples or
+    ``max_size`` bytes. ``pattern`` is a ``%``-format with the shard number, e.g.
+    ``"out/train-%06d.tar"``."""
+
+    def __init__(self, pattern: str, max_count: int = 1000, max_size: Optional[int] = None, start: int = 0):
+        if "%" not in pattern:
+            raise ConfigError(f"shard pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
+        if max_count < 1:
+            raise ConfigError("max_count must be at least 1")
+        self.pattern = pattern
+        self.max_count = max_count
+        self.max_size = max_size
+        self.number = start
+        self.paths: List[str] = []
+        self.counts: List[int] = []
+        self._shard: Optional[TarShardFile] = None
+
+    def write(self, sample: SampleData) -> None:
+        size = sum(len(_member_bytes(v)) for k, v in sample.items() if not k.startswith("__"))
+        shard = self._shard
+        if (
+            shard is None
+            or shard.count >= self.max_count
+            or (self.max_size is not None and shard.count and shard.size + size > self.max_size)
+        ):
+            self.close()
+            shard = self._shard = TarShardFile(self.pattern % self.number)
+            self.number += 1
+            self.paths.append(shard.path)
+            self.counts.append(0)
+        shard.add(sample)
+        self.counts[-1] += 1
+
+    def close(self) -> None:
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _member_size(size: int) -> int:
+    return 512 + size + (-size % 512)
+
+
+def partition(files: Sequence[Tuple[str, "SourceFile"]], max_count: int, max_size: Optional[int]) -> List[list]:
+    """Split keyed files into consecutive shards of at most ``max_count`` samples and (when a
+    sample fits) ``max_size`` bytes, sizes taken as stored in the tar."""
+    shards: List[list] = []
+    current: list = []
+    size = 0
+    for keyed in files:
+        src = keyed[1]
+        sample = _member_size(os.path.getsize(src.path)) + (_member_size(8) if src.label is not None else 0)
+        if current and (len(current) >= max_count or (max_size is not None and size + sample > max_size)):
+            shards.append(current)
+            current, size = [], 0
+        current.append(keyed)
+        size += sample
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _write_files_shard(task) -> "ShardInfo":
+    path, keyed = task
+    ext_bytes: dict = {}
+    with TarShardFile(path) as shard:
+        for key, src in keyed:
+            with open(src.path, "rb") as f:
+                data = f.read()
+            sample = {"__key__": key, src.ext: data}
+            ext_bytes[src.ext] = ext_bytes.get(src.ext, 0) + len(data)
+            if src.label is not None:
+                sample["cls"] = str(src.label)
+                ext_bytes["cls"] = ext_bytes.get("cls", 0) + len(sample["cls"])
+            shard.add(sample)
+    return ShardInfo(path, shard.count, os.path.getsize(path), ext_bytes)
+
+
+def write_dataset(
+    files: Sequence["SourceFile"],
+    pattern: str,
+    *,
+    max_count: int = 1000,
+    max_size: Optional[int] = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    processes: Optional[int] = None,
+    progress: bool = False,
+) -> List["ShardInfo"]:
+    """Write files (with their labels as ``.cls``) into shards named by ``pattern``
+    (``out/train-%06d.tar``), in parallel. Keys number the samples in the (optionally shuffled,
+    with ``seed``) order, so the output is the same for the same input, whatever the parallelism."""
+    if "%" not in pattern:
+        raise ConfigError(f"output pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
+    if max_count < 1 or (max_size is not None and max_size < 1):
+        raise ConfigError("max_count and max_size must be positive")
+    order = list(files)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    width = max(8, len(str(len(order) - 1)))
+    keyed = [(f"{i:0{width}d}", src) for i, src in enumerate(order)]
+    tasks = [(pattern % n, part) for n, part in enumerate(partition(keyed, max_count, max_size))]
+    bar = tqdm(total=len(order), unit="sample", disable=not progress, desc="writing shards")
+    infos: List[Optional[ShardInfo]] = [None] * len(tasks)
+    workers = min(processes or os.cpu_count() or 1, len(tasks))
+    try:
+        if workers <= 1:
+            for i, task in enumerate(tasks):
+                infos[i] = _write_files_shard(task)
+                bar.update(infos[i].samples)
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(_write_files_shard, task): i for i, task in enumerate(tasks)}
+                for future in as_completed(futures):
+                    infos[futures[future]] = future.result()
+                    bar.update(infos[futures[future]].samples)
+    finally:
+        bar.close()
+    return infos

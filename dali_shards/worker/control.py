@@ -1,0 +1,233 @@
+"""The control block: a few hundred bytes of shared memory between a pipeline's main process and
+its worker processes.
+
+The main process creates it when it builds a pipeline: a file in ``/dev/shm`` where there is one
+(else in the temporary directory), mapped into memory. The worker sources carry only its path and
+map it in the worker process, so it works with ``fork`` and ``spawn`` alike. Each worker stamps
+its own slot (pid, a heartbeat, when it last made progress, whether it is producing a batch, its
+epoch and step, the batches it produced, the shard it reads); the main process reads the slots to
+find a stuck worker, and publishes one word, "epoch E ends at step K", to cut an abandoned epoch
+short. The file is removed with the pipeline; files left by dead processes are removed when the
+next one is created. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import struct
+import tempfile
+import time
+import weakref
+from typing import List, NamedTuple, Optional
+
+from dali_shards.errors import ConfigError
+
+_MAGIC = b"DSCTL001"
+_HEADER = struct.Struct("<8sqqq")  # magic, owner pid, workers, cut: (epoch + 1) << 32 | step, 0 = none
+_HEADER_SIZE = 64
+_SLOT = struct.Struct("<qddqqqqq")  # pid, alive, progress, busy, epoch, step, produced, shard
+_SLOT_SIZE = 64
+_CUT_AT = 32  # offset of the cut word in the header
+_PREFIX = "dali-shards-"
+_SUFFIX = ".ctl"
+
+
+class WorkerStatus(NamedTuple):
+    """What worker ``worker`` last stamped: ``alive`` is its last heartbeat, ``progress`` the last
+    sample read or batch finished (``time.monotonic()`` seconds, 0 before the first), ``busy``
+    whether it is producing a batch, ``step`` the batches of ``epoch`` it produced, ``produced``
+    its batches in all, ``shard`` the index of the shard it reads (-1: none yet)."""
+
+    worker: int
+    pid: int
+    alive: float
+    progress: float
+    busy: bool
+    epoch: int
+    step: int
+    produced: int
+    shard: int
+
+
+def _directory() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(directory: Optional[str] = None) -> List[str]:
+    """Remove the control blocks of processes that no longer exist; returns their paths."""
+    removed = []
+    for path in glob.glob(os.path.join(directory or _directory(), f"{_PREFIX}*{_SUFFIX}")):
+        try:
+            pid = int(os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def _release(path: str, mapped: mmap.mmap, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked child's copy: the file is its parent's
+        return
+    mapped.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_worker_timeout(value: object) -> Optional[float]:
+    """``worker_timeout`` as seconds (None: no timeout), or a ``ConfigError`` naming the option."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"worker_timeout must be a positive number of seconds or None (no timeout), got {value!r}")
+    return float(value)
+
+
+class ControlBlock:
+    """The main process's side of a pipeline's control block, with the settings that go with it
+    (``worker_prefetch``, ``worker_timeout``). Create it with :meth:`create`; it is removed by
+    :meth:`remove`, or when it is garbage collected, or at exit."""
+
+    def __init__(self, path: str, num_workers: int, worker_prefetch: int, worker_timeout: Optional[float]):
+        self.path = path
+        self.num_workers = num_workers
+        self.worker_prefetch = worker_prefetch
+        self.worker_timeout = worker_timeout
+        self.owner_pid = os.getpid()
+        self._map: Optional[mmap.mmap] = None
+        self._finalizer: Optional[weakref.finalize] = None
+
+    @classmethod
+    def create(
+        cls,
+        num_workers: int,
+        *,
+        worker_prefetch: int = 2,
+        worker_timeout: Optional[float] = 600.0,
+        directory: Optional[str] = None,
+    ) -> "ControlBlock":
+        """A new, zeroed control block for ``num_workers`` workers (stale ones are removed first)."""
+        worker_timeout = check_worker_timeout(worker_timeout)
+        directory = directory or _directory()
+        remove_stale(directory)
+        fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=_SUFFIX, dir=directory)
+        try:
+            size = _HEADER_SIZE + _SLOT_SIZE * num_workers
+            os.ftruncate(fd, size)
+            block = cls(path, num_workers, worker_prefetch, worker_timeout)
+            block._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        block._finalizer = weakref.finalize(block, _release, path, block._map, block.owner_pid)
+        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), num_workers, 0)
+        return block
+
+    def snapshot(self) -> List[WorkerStatus]:
+        """Every worker's last stamps."""
+        if self._map is None:
+            return []
+        return [
+            WorkerStatus(w, *_SLOT.unpack_from(self._map, _HEADER_SIZE + _SLOT_SIZE * w))
+            for w in range(self.num_workers)
+        ]
+
+    def cut(self, epoch: int, step: int) -> None:
+        """Publish that ``epoch`` ends after ``step`` batches of each worker (counted from where
+        the workers started that epoch)."""
+        if not 0 <= step < 1 << 32 or not 0 <= epoch < (1 << 31) - 1:
+            raise ValueError(f"cannot cut epoch {epoch} at step {step}")
+        if self._map is not None:
+            struct.pack_into("<q", self._map, _CUT_AT, (epoch + 1) << 32 | step)
+
+    def remove(self) -> None:
+        """Unmap and delete the block (only in the process that created it)."""
+        if os.getpid() == self.owner_pid and self._finalizer is not None:
+            self._map = None
+            self._finalizer()
+
+
+class WorkerSlot:
+    """A worker process's view of its slot in a control block (opened by path)."""
+
+    def __init__(self, path: str, worker: int):
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), 0)
+        magic, _, workers, _ = _HEADER.unpack_from(self._map, 0)
+        if magic != _MAGIC or not 0 <= worker < workers:
+            raise ValueError(f"{path} is not a dali_shards control block with a slot for worker {worker}")
+        self.path = path
+        self._at = _HEADER_SIZE + _SLOT_SIZE * worker
+        self._epoch = 0
+        self._step = 0
+        self._produced = 0
+        _SLOT.pack_into(self._map, self._at, os.getpid(), time.monotonic(), 0.0, 0, 0, 0, 0, -1)
+
+    def beat(self) -> None:
+        """The process is alive (from its heartbeat thread)."""
+        struct.pack_into("<d", self._map, self._at + 8, time.monotonic())
+
+    def progress(self, shard: Optional[int] = None) -> None:
+        """A sample was read (or a shard is being opened: ``shard``)."""
+        struct.pack_into("<d", self._map, self._at + 16, time.monotonic())
+        if shard is not None:
+            struct.pack_into("<q", self._map, self._at + 56, shard)
+
+    def begin(self, epoch: int, step: int) -> None:
+        """Batch ``step`` of ``epoch`` is being produced."""
+        self._epoch, self._step = epoch, step
+        struct.pack_into("<dqqq", self._map, self._at + 16, time.monotonic(), 1, epoch, step)
+
+    def end(self, epoch: int, step: int, produced: bool = True) -> None:
+        """``step`` batches of ``epoch`` are done (``produced``: one more was just made)."""
+        self._produced += produced
+        struct.pack_into("<dqqqq", self._map, self._at + 16, time.monotonic(), 0, epoch, step, self._produced)
+
+    def cut_step(self, epoch: int) -> Optional[int]:
+        """The step at which ``epoch`` was cut short by the main process, if it was."""
+        (word,) = struct.unpack_from("<q", self._map, _CUT_AT)
+        return word & 0xFFFF_FFFF if word and (word >> 32) - 1 == epoch else None
+
+
+class NoSlot:
+    """Stands in for a slot where a source runs without a control block: stamps nothing."""
+
+    path = None
+
+    def beat(self) -> None:
+        pass
+
+    def progress(self, shard: Optional[int] = None) -> None:
+        pass
+
+    def begin(self, epoch: int, step: int) -> None:
+        pass
+
+    def end(self, epoch: int, step: int, produced: bool = True) -> None:
+        pass
+
+    def cut_step(self, epoch: int) -> Optional[int]:
+        return None
+
+
+NO_SLOT = NoSlot()

@@ -29,91 +29,13 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError, EmptyDatasetError
+from dali_shards.options import LastBatch, option_default
+from dali_shards.plan import geometry
+from dali_shards.plan.geometry import BatchLayout, check_positive
+from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
 PLAN_VERSION = 1
-LAST_BATCH_MODES = ("pad", "drop")
-_MASK64 = (1 << 64) - 1
-_TAG_SHARD_ORDER = 0x5348_4152  # domain separation between the random streams
-_TAG_BUFFER = 0x4255_4646
-
-
-def _bitgen(*key: int) -> np.random.PCG64:
-    return np.random.PCG64(np.random.SeedSequence([int(k) & _MASK64 for k in key]))
-
-
-def _random_ints(bitgen: np.random.PCG64, chunk: int = 4096) -> Iterator[int]:
-    while True:
-        yield from bitgen.random_raw(chunk).tolist()
-
-
-def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
-    """The shard order of an epoch when shuffling: a permutation of ``range(num_shards)``."""
-    raw = _bitgen(_TAG_SHARD_ORDER, seed, epoch).random_raw(num_shards)
-    return np.argsort(raw, kind="stable").astype(np.int64)
-
-
-def buffer_shuffle_order(n: int, buffer_size: int, seed: int, epoch: int, worker: int) -> Iterator[int]:
-    """Emission order of ``range(n)`` read in order through a shuffle buffer of ``buffer_size``.
-
-    Element ``x`` is emitted no earlier than ``x - buffer_size`` elements after it was read, so
-    a reader holds at most ``buffer_size`` samples. With ``n <= buffer_size`` it is a uniform
-    random permutation.
-    """
-    rand = _random_ints(_bitgen(_TAG_BUFFER, seed, epoch, worker))
-    size = min(buffer_size, n)
-    buf = list(range(size))
-    for x in range(size, n):
-        j = next(rand) % size
-        yield buf[j]
-        buf[j] = x
-    for i in range(len(buf) - 1, 0, -1):  # drain: Fisher-Yates over what is left
-        j = next(rand) % (i + 1)
-        buf[i], buf[j] = buf[j], buf[i]
-    yield from buf
-
-
-def check_positive(obj: object, *names: str) -> None:
-    """ConfigError unless each named attribute of ``obj`` is a positive integer."""
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-class BatchLayout:
-    """What a plan shares with the streaming plan: ranks x workers x batch and the last batch
-    mode (fields ``world_size``, ``num_workers``, ``batch_size``, ``last_batch``)."""
-
-    world_size: int
-    num_workers: int
-    batch_size: int
-    last_batch: str
-
-    def _check_layout(self) -> None:
-        check_positive(self, "world_size", "num_workers", "batch_size")
-        if self.batch_size % self.num_workers:
-            raise ConfigError(
-                f"batch_size ({self.batch_size}) must be a multiple of py_num_workers "
-                f"({self.num_workers}): each worker fills an equal slice of every batch. "
-                f"Use e.g. batch_size={self.batch_size // self.num_workers * self.num_workers or self.num_workers}"
-                f" or py_num_workers that divides {self.batch_size}"
-            )
-        if self.last_batch not in LAST_BATCH_MODES:
-            raise ConfigError(f"last_batch must be one of {LAST_BATCH_MODES}, got {self.last_batch!r}")
-
-    @property
-    def num_virtual_workers(self) -> int:
-        """V = world_size * num_workers."""
-        return self.world_size * self.num_workers
-
-    @property
-    def mini_batch(self) -> int:
-        """Samples each worker contributes to each batch."""
-        return self.batch_size // self.num_workers
-
-    @property
-    def global_batch(self) -> int:
-        return self.world_size * self.batch_size
+LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
 
 
 class Segment(NamedTuple):
@@ -134,10 +56,10 @@ class PlanSpec(BatchLayout):
     world_size: int = 1
     num_workers: int = 1
     batch_size: int = 1
-    seed: int = 0
-    shuffle: bool = False
-    last_batch: str = "pad"
-    shuffle_buffer: int = 1024
+    seed: int = option_default("seed")
+    shuffle: bool = option_default("shuffle")
+    last_batch: str = option_default("last_batch")
+    shuffle_buffer: int = option_default("shuffle_buffer")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
@@ -166,16 +88,12 @@ class PlanSpec(BatchLayout):
     @property
     def steps_per_epoch(self) -> int:
         """Batches every rank delivers per epoch (the same on all ranks)."""
-        if self.last_batch == "pad":
-            return -(-self.num_samples // self.global_batch)
-        return self.num_samples // self.global_batch
+        return geometry.steps_for(self.num_samples, self.global_batch, self.last_batch)
 
     @property
     def planned_samples(self) -> int:
         """Samples delivered as valid per epoch over all ranks."""
-        if self.last_batch == "pad":
-            return self.num_samples
-        return self.steps_per_epoch * self.global_batch
+        return geometry.planned_for(self.num_samples, self.global_batch, self.last_batch)
 
     @property
     def padding_per_epoch(self) -> int:
@@ -188,22 +106,15 @@ class PlanSpec(BatchLayout):
 
     def worker_span(self, v: int) -> Tuple[int, int]:
         """Positions ``[start, stop)`` of worker ``v``'s run in every (full) epoch's sample sequence."""
-        self._check_worker(v)
-        return _span(v, self.planned_samples, self.num_virtual_workers)
+        return self.epoch(0).worker_span(v)
 
     def worker_valid_count(self, v: int) -> int:
-        start, stop = self.worker_span(v)
-        return stop - start
+        """Valid samples worker ``v`` emits in every (full) epoch."""
+        return self.epoch(0).worker_valid_count(v)
 
     def valid_mask(self, rank: int, step: int) -> np.ndarray:
         """Which slots of ``rank``'s batch at ``step`` hold real samples (same every epoch)."""
-        if not 0 <= step < self.steps_per_epoch:
-            raise IndexError(f"step {step} outside 0..{self.steps_per_epoch - 1}")
-        m = self.mini_batch
-        emitted = step * m + np.arange(m)
-        return np.concatenate(
-            [emitted < self.worker_valid_count(rank * self.num_workers + w) for w in range(self.num_workers)]
-        )
+        return self.epoch(0).valid_mask(rank, step)
 
     def epoch(self, epoch: int) -> "EpochPlan":
         return EpochPlan(self, int(epoch))
@@ -211,10 +122,6 @@ class PlanSpec(BatchLayout):
     def _check_worker(self, v: int) -> None:
         if not 0 <= v < self.num_virtual_workers:
             raise IndexError(f"virtual worker {v} outside 0..{self.num_virtual_workers - 1}")
-
-
-def _span(v: int, planned: int, workers: int) -> Tuple[int, int]:
-    return v * planned // workers, (v + 1) * planned // workers
 
 
 @dataclass(frozen=True)
@@ -240,18 +147,17 @@ class EpochPlan:
     @cached_property
     def steps(self) -> int:
         """Batches every rank delivers under this plan (``steps_per_epoch`` for a full epoch)."""
-        gb = self.spec.global_batch
-        return -(-self.available // gb) if self.spec.last_batch == "pad" else self.available // gb
+        return geometry.steps_for(self.available, self.spec.global_batch, self.spec.last_batch)
 
     @cached_property
     def planned(self) -> int:
         """Samples delivered as valid under this plan, over all ranks."""
-        return self.available if self.spec.last_batch == "pad" else self.steps * self.spec.global_batch
+        return geometry.planned_for(self.available, self.spec.global_batch, self.spec.last_batch)
 
     def worker_span(self, v: int) -> Tuple[int, int]:
         """Worker ``v``'s balanced contiguous run ``[start, stop)`` of the planned samples."""
         self.spec._check_worker(v)
-        return _span(v, self.planned, self.spec.num_virtual_workers)
+        return geometry.span(v, self.planned, self.spec.num_virtual_workers)
 
     def worker_valid_count(self, v: int) -> int:
         start, stop = self.worker_span(v)
@@ -261,11 +167,9 @@ class EpochPlan:
         """Which slots of ``rank``'s batch at ``step`` hold real samples."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} outside 0..{self.steps - 1}")
-        m = self.spec.mini_batch
-        emitted = step * m + np.arange(m)
-        return np.concatenate(
-            [emitted < self.worker_valid_count(rank * self.spec.num_workers + w) for w in range(self.spec.num_workers)]
-        )
+        n = self.spec.num_workers
+        counts = [self.worker_valid_count(rank * n + w) for w in range(n)]
+        return geometry.valid_mask(counts, step, self.spec.mini_batch)
 
     # -- sequence ------------------------------------------------------------------------
     @cached_property
@@ -418,10 +322,10 @@ def plan_epoch(
     world_size: int = 1,
     num_workers: int = 1,
     batch_size: int = 1,
-    seed: int = 0,
-    shuffle: bool = False,
-    last_batch: str = "pad",
-    shuffle_buffer: int = 1024,
+    seed: int = option_default("seed"),
+    shuffle: bool = option_default("shuffle"),
+    last_batch: str = option_default("last_batch"),
+    shuffle_buffer: int = option_default("shuffle_buffer"),
 ) -> EpochPlan:
     """The plan of one epoch (see the module docstring)."""
     spec = PlanSpec(tuple(shard_sizes), world_size, num_workers, batch_size, seed, shuffle, last_batch, shuffle_buffer)

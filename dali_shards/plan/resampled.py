@@ -15,13 +15,11 @@ import math
 from dataclasses import dataclass
 from typing import List, Tuple
 
-import numpy as np
-
 from dali_shards.errors import ConfigError
-from dali_shards.plan.epoch import BatchLayout, PlanSpec, _bitgen, check_positive
-
-_TAG_OWNER = 0x4F57_4E45
-_TAG_CYCLE = 0x4359_434C
+from dali_shards.options import option_default
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.geometry import BatchLayout, check_positive
+from dali_shards.plan.random import TAG_CYCLE, TAG_OWNER, permutation
 
 
 @dataclass(frozen=True)
@@ -33,9 +31,9 @@ class StreamingSpec(BatchLayout):
     world_size: int = 1
     num_workers: int = 1
     batch_size: int = 1
-    seed: int = 0
-    shuffle: bool = False
-    last_batch: str = "pad"
+    seed: int = option_default("seed")
+    shuffle: bool = option_default("shuffle")
+    last_batch: str = option_default("last_batch")
 
     def __post_init__(self) -> None:
         check_positive(self, "num_shards", "samples_per_epoch")
@@ -60,7 +58,7 @@ class StreamingSpec(BatchLayout):
         """The shards virtual worker ``v`` reads, in canonical order."""
         if not 0 <= v < self.num_virtual_workers:
             raise ValueError(f"virtual worker {v} out of range")
-        order = np.argsort(_bitgen(_TAG_OWNER, self.seed).random_raw(self.num_shards), kind="stable")
+        order = permutation(self.num_shards, TAG_OWNER, self.seed)
         if self.num_shards >= self.num_virtual_workers:
             return sorted(int(s) for s in order[v :: self.num_virtual_workers])
         return [int(order[v % self.num_shards])]
@@ -73,7 +71,7 @@ class StreamingSpec(BatchLayout):
         owned = self.owned_shards(v)
         if not self.shuffle:
             return owned
-        perm = np.argsort(_bitgen(_TAG_CYCLE, self.seed, v, cycle).random_raw(len(owned)), kind="stable")
+        perm = permutation(len(owned), TAG_CYCLE, self.seed, v, cycle)
         return [owned[i] for i in perm]
 
     def as_plan_spec(self) -> PlanSpec:

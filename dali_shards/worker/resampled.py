@@ -12,7 +12,7 @@ from typing import Iterator, List, Optional, Sequence
 
 from dali_shards.errors import ShardError, ShardFormatError
 from dali_shards.worker.layout import Packed, SampleLayout
-from dali_shards.plan.epoch import _bitgen, _random_ints
+from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
 from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.plan.resampled import StreamingSpec, stream_index
@@ -21,7 +21,6 @@ from dali_shards.worker.process import ProcessEpochs
 from dali_shards.worker.planned import shard_error
 
 log = logging.getLogger("dali_shards")
-_TAG_STREAM_BUFFER = 0x5342_5546
 
 
 class StreamingWorkerSource(ProcessEpochs):
@@ -92,7 +91,7 @@ class StreamingWorkerSource(ProcessEpochs):
         if not self.spec.shuffle or self.shuffle_buffer <= 1:
             yield from samples
             return
-        rand = _random_ints(_bitgen(_TAG_STREAM_BUFFER, self.spec.seed, self.virtual_worker, self.start_epoch))
+        rand = random_ints(bitgen(TAG_STREAM_BUFFER, self.spec.seed, self.virtual_worker, self.start_epoch))
         buf: List[Packed] = []
         self._cycle_samples = None
         for packed in samples:

@@ -1,0 +1,80 @@
+"""Batch geometry: ranks x workers x batch, steps per epoch, each worker's share and which slots
+of a batch are valid. Pure arithmetic, shared by the planned and the resampled modes."""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import numpy as np
+
+from dali_shards.errors import ConfigError
+from dali_shards.options import LastBatch, check_batch_split
+
+
+def check_positive(obj: object, *names: str) -> None:
+    """ConfigError unless each named attribute of ``obj`` is a positive integer."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def steps_for(available: int, global_batch: int, last_batch: str) -> int:
+    """Batches per rank that deliver ``available`` samples: all of them, the last batch padded
+    (``"pad"``), or only whole global batches (``"drop"``)."""
+    if LastBatch(last_batch) is LastBatch.PAD:
+        return -(-available // global_batch)
+    return available // global_batch
+
+
+def planned_for(available: int, global_batch: int, last_batch: str) -> int:
+    """Samples delivered as valid out of ``available``."""
+    if LastBatch(last_batch) is LastBatch.PAD:
+        return available
+    return steps_for(available, global_batch, last_batch) * global_batch
+
+
+def span(v: int, planned: int, workers: int) -> Tuple[int, int]:
+    """Virtual worker ``v``'s balanced share ``[start, stop)`` of ``planned`` samples: shares
+    differ by at most one."""
+    return v * planned // workers, (v + 1) * planned // workers
+
+
+def valid_mask(valid_counts: Sequence[int], step: int, mini_batch: int) -> np.ndarray:
+    """Which slots of a rank's batch at ``step`` hold real samples, given how many valid samples
+    each of its workers emits (valid samples come first in every worker's order)."""
+    emitted = step * mini_batch + np.arange(mini_batch)
+    return np.concatenate([emitted < count for count in valid_counts])
+
+
+class BatchLayout:
+    """Ranks x workers x batch and the last batch mode (fields ``world_size``, ``num_workers``,
+    ``batch_size``, ``last_batch``), shared by ``PlanSpec`` and ``StreamingSpec``."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    last_batch: str
+
+    def _check_layout(self) -> None:
+        check_positive(self, "world_size", "num_workers", "batch_size")
+        check_batch_split(self.batch_size, self.num_workers)
+        try:
+            object.__setattr__(self, "last_batch", LastBatch(self.last_batch))
+        except ValueError:
+            modes = ", ".join(repr(m.value) for m in LastBatch)
+            raise ConfigError(f"last_batch must be one of {modes}, got {self.last_batch!r}") from None
+
+    @property
+    def num_virtual_workers(self) -> int:
+        """V = world_size * num_workers."""
+        return self.world_size * self.num_workers
+
+    @property
+    def mini_batch(self) -> int:
+        """Samples each worker contributes to each batch."""
+        return self.batch_size // self.num_workers
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size

@@ -18,12 +18,13 @@ from dali_shards.errors import (
 )
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
-from dali_shards.io.remote import StorageConfig
+from dali_shards.options import ShardedOptions, StorageOptions
 from dali_shards.plan.resampled import StreamingSpec
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.tools.writer import ShardWriter, write_shard
 
 __version__ = "0.1.0"
+StorageConfig = StorageOptions  # the name before 0.2
 
 _LAZY = {
     "sharded_pipeline": "pipeline.decorator",
@@ -58,7 +59,8 @@ __all__ = [
     "EpochPlan",
     "PLAN_VERSION",
     "resolve_source",
-    "StorageConfig",
+    "StorageOptions",
+    "ShardedOptions",
     "StreamingSpec",
     "ShardInfo",
     "read_manifest",

@@ -13,7 +13,8 @@ from typing import List, Optional, Sequence
 from dali_shards.errors import ConfigError, DaliShardsError
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shard, write_manifest
 from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
-from dali_shards.io.remote import StorageConfig, is_remote
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import is_remote
 from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, is_manifest, resolve_source
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -28,9 +29,9 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def _expand_all(patterns: Sequence[str], config: Optional[StorageConfig] = None) -> List[str]:
+def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None) -> List[str]:
     """Shard URLs of patterns, globs, directories and manifests (read, not scanned)."""
-    config = config or StorageConfig()
+    config = config or StorageOptions()
     urls = [
         u
         for p in patterns
@@ -41,17 +42,17 @@ def _expand_all(patterns: Sequence[str], config: Optional[StorageConfig] = None)
     return urls
 
 
-def _storage(args: argparse.Namespace) -> StorageConfig:
+def _storage(args: argparse.Namespace) -> StorageOptions:
     text = getattr(args, "storage_options", None)
     if not text:
-        return StorageConfig()
+        return StorageOptions()
     try:
         options = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"--storage-options is not JSON: {exc}") from None
     if not isinstance(options, dict):
         raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
-    return StorageConfig(storage_options=options)
+    return StorageOptions(storage_options=options)
 
 
 def _add_storage_option(p: argparse.ArgumentParser) -> None:

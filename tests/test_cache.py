@@ -17,7 +17,7 @@ import dali_shards
 from conftest import run_epochs
 from dali_shards import ShardFormatError, sharded_pipeline
 from dali_shards.io.cache import ShardCache
-from dali_shards.io.remote import StorageConfig
+from dali_shards.options import StorageOptions
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.io.storage import open_shard, read_ahead
 from dali_shards.io.tarformat import TarReader
@@ -39,7 +39,7 @@ def served(tmp_path):
 
 
 def cfg(tmp_path, **kw):
-    return StorageConfig(cache_dir=str(tmp_path / "cache"), chunk_size=16 << 10, **FAST, **kw)
+    return StorageOptions(cache_dir=str(tmp_path / "cache"), chunk_size=16 << 10, **FAST, **kw)
 
 
 def cached_files(tmp_path):
@@ -87,7 +87,7 @@ def read_keys(opener, url):
 def test_a_damaged_cached_copy_is_evicted_and_read_from_the_server_once(served, tmp_path, caplog):
     server, paths = served
     url = f"{server.url}/sample-000001.tar"
-    config = StorageConfig(cache_dir=str(tmp_path / "cache"), **FAST)  # one chunk: the re-read skips within it
+    config = StorageOptions(cache_dir=str(tmp_path / "cache"), **FAST)  # one chunk: the re-read skips within it
     want = open(paths[1], "rb").read()
     cache = ShardCache(config.cache_dir)
     copy = cache.path_for(url)

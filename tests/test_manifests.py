@@ -10,7 +10,8 @@ import pytest
 from conftest import run_epochs
 from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
 from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
-from dali_shards.io.remote import RemoteStream, StorageConfig
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import RemoteStream
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.storage import open_shard
 from dali_shards.tools.writer import write_shard
@@ -106,14 +107,14 @@ def test_a_remote_shard_of_another_size_than_its_manifest_fails_when_opened(tmp_
     with HTTPShardServer(str(tmp_path)) as server:
         url = f"{server.url}/d-0.tar"
         with pytest.raises(ShardFormatError) as err:
-            open_shard(url, StorageConfig(**FAST), size=indexed_size).read()
+            open_shard(url, StorageOptions(**FAST), size=indexed_size).read()
     assert err.value.url == url and f"{real}" in str(err.value) and f"{indexed_size}" in str(err.value)
     # a store without ranged streaming (the size comes from a metadata request when opened)
     import fsspec
 
     fsspec.filesystem("memory").pipe_file("/stale/d-0.tar", open(path, "rb").read())
     with pytest.raises(ShardFormatError, match=f"{real}.*{indexed_size}|{indexed_size}.*{real}"):
-        with RemoteStream("memory://stale/d-0.tar", StorageConfig(**FAST), size=indexed_size) as s:
+        with RemoteStream("memory://stale/d-0.tar", StorageOptions(**FAST), size=indexed_size) as s:
             s.read()
 
 

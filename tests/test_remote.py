@@ -15,7 +15,8 @@ from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pi
 from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main
 from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
-from dali_shards.io.remote import RemoteStream, StorageConfig
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import RemoteStream
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.storage import open_shard, read_ahead
@@ -92,7 +93,7 @@ def test_remote_stream_reads_and_seeks_like_the_file(http, shard_dir):
     path = shard_dir / "sample-000002.tar"
     want = path.read_bytes()
     url = f"{http.url}/sample-000002.tar"
-    cfg = StorageConfig(chunk_size=10_000, chunks_ahead=2, **FAST)
+    cfg = StorageOptions(chunk_size=10_000, chunks_ahead=2, **FAST)
     with RemoteStream(url, cfg, size=len(want)) as s:
         assert s.read(5000) == want[:5000]
         s.seek(150_000)  # far ahead: fetching restarts there
@@ -111,7 +112,7 @@ def test_remote_stream_reads_and_seeks_like_the_file(http, shard_dir):
 def test_retries_resume_after_5xx_and_cut_connections(http, shard_dir):
     want = (shard_dir / "sample-000004.tar").read_bytes()
     http.faults.fail, http.faults.cut, http.faults.cut_after = 3, 2, 7000
-    cfg = StorageConfig(chunk_size=64 << 10, **FAST)
+    cfg = StorageOptions(chunk_size=64 << 10, **FAST)
     stream = RemoteStream(f"{http.url}/sample-000004.tar", cfg)
     with stream:
         assert stream.read() == want
@@ -128,7 +129,7 @@ def test_gives_up_with_an_error_naming_the_url(http):
     url = f"{http.url}/sample-000000.tar"
     t = time.monotonic()
     with pytest.raises(ShardAccessError, match=r"failed after 3 attempts.*503") as err:
-        open_shard(url, StorageConfig(retries=2, **FAST)).read()
+        open_shard(url, StorageOptions(retries=2, **FAST)).read()
     assert err.value.url == url and "server is up" in str(err.value)
     assert time.monotonic() - t < 5
 
@@ -136,7 +137,7 @@ def test_gives_up_with_an_error_naming_the_url(http):
 def test_missing_object_is_not_retried(http):
     t = time.monotonic()
     with pytest.raises(ShardAccessError, match="not found"):
-        open_shard(f"{http.url}/nope.tar", StorageConfig(retries=5, backoff=1.0)).read()
+        open_shard(f"{http.url}/nope.tar", StorageOptions(retries=5, backoff=1.0)).read()
     assert time.monotonic() - t < 1, "404 is permanent"
 
 
@@ -145,25 +146,25 @@ def test_stalled_and_stopped_servers_give_errors_not_hangs(http, shard_dir):
     url = f"{http.url}/sample-000000.tar"
     t = time.monotonic()
     with pytest.raises(ShardAccessError, match="TimeoutError"):
-        open_shard(url, StorageConfig(retries=1, timeout=0.5, **FAST)).read()
+        open_shard(url, StorageOptions(retries=1, request_timeout=0.5, **FAST)).read()
     assert time.monotonic() - t < 5
     http.stop()
     t = time.monotonic()
     with pytest.raises(ShardAccessError, match="failed after 2 attempts"):
-        open_shard(url, StorageConfig(retries=1, timeout=5, **FAST)).read()
+        open_shard(url, StorageOptions(retries=1, request_timeout=5, **FAST)).read()
     assert time.monotonic() - t < 5
 
 
 def test_compressed_remote_shard(http, shard_dir, tmp_path):
     raw = (shard_dir / "sample-000000.tar").read_bytes()
     (shard_dir / "zipped.tar.gz").write_bytes(gzip.compress(raw))
-    with open_shard(f"{http.url}/zipped.tar.gz", StorageConfig(chunk_size=4096, **FAST)) as f:
+    with open_shard(f"{http.url}/zipped.tar.gz", StorageOptions(chunk_size=4096, **FAST)) as f:
         assert f.read() == raw
 
 
 def test_read_ahead_opens_the_next_shards_early(http):
     urls = [f"{http.url}/sample-{i:06d}.tar" for i in range(5)]
-    openers = read_ahead(urls, StorageConfig(read_ahead=2, **FAST))
+    openers = read_ahead(urls, StorageOptions(read_ahead=2, **FAST))
     with next(openers)():
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -230,9 +231,9 @@ def test_s3_index_writes_the_manifest_beside_the_shards(s3, shard_dir):
     s3.upload("fresh", [str(shard_dir / f"sample-{i:06d}.tar") for i in range(5)])
     opts = s3.storage_options()
     with pytest.raises(ConfigError, match="dali-shards index"):
-        resolve_source(f"s3://fresh/{PATTERN}", config=StorageConfig(storage_options=opts))
+        resolve_source(f"s3://fresh/{PATTERN}", config=StorageOptions(storage_options=opts))
     assert cli_main(["index", f"s3://fresh/{PATTERN}", "--quiet", "--storage-options", json.dumps(opts)]) == 0
-    shards = resolve_source(f"s3://fresh/{PATTERN}", config=StorageConfig(storage_options=opts))
+    shards = resolve_source(f"s3://fresh/{PATTERN}", config=StorageOptions(storage_options=opts))
     assert [s.samples for s in shards] == list(SIZES)
 
 
@@ -350,7 +351,7 @@ def test_a_short_body_is_resumed_at_the_first_missing_byte():
         def size(self, path):  # asked once, when a body comes short of the size expected
             return self.fs.size(path)
 
-    reader = RangeReader("memory://short/obj.tar", StorageConfig(**FAST), size=len(data))
+    reader = RangeReader("memory://short/obj.tar", StorageOptions(**FAST), size=len(data))
     reader.fs = Cutting(reader.fs)
     assert reader.read(1000, 61000) == data[1000:61000]
     assert reader.fs.calls == [(1000, 61000), (21000, 61000), (34333, 61000)]

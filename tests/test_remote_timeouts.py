@@ -9,7 +9,8 @@ import pytest
 
 from dali_shards import ConfigError, ShardAccessError, ShardFormatError
 from dali_shards.catalog.manifest import read_manifest
-from dali_shards.io.remote import RangeReader, RemoteStream, StorageConfig
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import RangeReader, RemoteStream
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.storage import open_shard
 from dali_shards.testing.servers import HTTPShardServer
@@ -40,7 +41,7 @@ def test_a_slow_but_steady_server_is_not_timed_out(server, blob_dir):
     """~400 KB/s with a 0.5 s timeout: a 256 KiB request takes 0.65 s, but bytes keep coming."""
     want = (blob_dir / "blob.bin").read_bytes()
     server.faults.rate = 400_000
-    cfg = StorageConfig(chunk_size=256 << 10, timeout=0.5, retries=1, **FAST)
+    cfg = StorageOptions(chunk_size=256 << 10, request_timeout=0.5, retries=1, **FAST)
     with RemoteStream(f"{server.url}/blob.bin", cfg) as s:
         assert s.read(400_000) == want[:400_000]
     assert all(not r.endswith("-") for r in ranges(server))
@@ -49,7 +50,7 @@ def test_a_slow_but_steady_server_is_not_timed_out(server, blob_dir):
 def test_a_stalled_body_resumes_at_the_first_missing_byte(server, blob_dir):
     want = (blob_dir / "blob.bin").read_bytes()
     server.faults.stall_body, server.faults.stall_after = 1, 100_000
-    cfg = StorageConfig(chunk_size=256 << 10, timeout=0.5, retries=2, **FAST)
+    cfg = StorageOptions(chunk_size=256 << 10, request_timeout=0.5, retries=2, **FAST)
     t = time.monotonic()
     with RemoteStream(f"{server.url}/blob.bin", cfg) as s:
         assert s.read(256 << 10) == want[: 256 << 10]
@@ -63,7 +64,7 @@ def test_a_stalled_body_resumes_at_the_first_missing_byte(server, blob_dir):
 def test_the_object_end_is_never_asked_again(server, blob_dir):
     """Size learned from the first answer: no request past the end, so no 416 retried with backoff."""
     want = (blob_dir / "even.bin").read_bytes()
-    cfg = StorageConfig(chunk_size=64 << 10, retries=3, backoff=1.0)
+    cfg = StorageOptions(chunk_size=64 << 10, retries=3, backoff=1.0)
     t = time.monotonic()
     with RemoteStream(f"{server.url}/even.bin", cfg) as s:
         assert s.read() == want
@@ -75,7 +76,7 @@ def test_a_range_past_the_end_is_reported_at_once(server, blob_dir):
     """The caller expects more bytes than the server has (416 for the rest): an error at once,
     naming both sizes, not five retries with backoff."""
     size = os.path.getsize(blob_dir / "even.bin")
-    cfg = StorageConfig(chunk_size=64 << 10, retries=5, backoff=1.0)
+    cfg = StorageOptions(chunk_size=64 << 10, retries=5, backoff=1.0)
     reader = RangeReader(f"{server.url}/even.bin", cfg, size=size + 4096)
     t = time.monotonic()
     with pytest.raises(ShardFormatError, match=f"{size}.*{size + 4096}|{size + 4096}.*{size}") as err:
@@ -89,7 +90,7 @@ def test_an_unreachable_server_is_named(blob_dir):
     server = HTTPShardServer(str(blob_dir))
     url, port = server.url, server.port
     server.stop()
-    cfg = StorageConfig(retries=1, **FAST)
+    cfg = StorageOptions(retries=1, **FAST)
     for call in (
         lambda: read_manifest(f"{url}/manifest.json", cfg),
         lambda: resolve_source(f"{url}/train-{{0..1}}.tar", config=cfg),
@@ -121,7 +122,7 @@ def test_timed_out_ranges_are_split_for_a_slow_store():
 
     data = bytes(range(256)) * 4096  # 1 MiB
     fsspec.filesystem("memory").pipe_file("/slow/obj.tar", data)
-    reader = RangeReader("memory://slow/obj.tar", StorageConfig(timeout=0.4, retries=3, **FAST), size=len(data))
+    reader = RangeReader("memory://slow/obj.tar", StorageOptions(request_timeout=0.4, retries=3, **FAST), size=len(data))
     reader.fs = SlowStore(reader.fs, rate=1_000_000)
     assert reader.read(0, len(data)) == data
     calls = reader.fs.calls

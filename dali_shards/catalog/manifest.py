@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from dali_shards.errors import ConfigError, ShardAccessError, ShardError
 from dali_shards.io.fsrequest import probe, unreachable
-from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, StorageConfig, filesystem, http_status, is_remote
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
 
@@ -63,7 +64,7 @@ def _cache_key(url: str) -> Optional[Tuple[str, int, int]]:
     return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
 
 
-def stored_size(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Optional[int]:
+def stored_size(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[int]:
     """A shard's stored size in bytes: from the file system, or one metadata request for a
     remote shard (None if the server does not say)."""
     if not is_remote(url):
@@ -77,7 +78,7 @@ def stored_size(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Optional[i
     return reader.object_size()
 
 
-def scan_shard(url: str, on_error: str = "raise", config: StorageConfig = DEFAULT_STORAGE) -> ShardInfo:
+def scan_shard(url: str, on_error: str = "raise", config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
     """Count a shard's samples from its tar headers (member data is seeked over, not read).
 
     With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
@@ -105,7 +106,7 @@ def scan_shard(url: str, on_error: str = "raise", config: StorageConfig = DEFAUL
     return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes))
 
 
-def _readable_prefix(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardStats:
+def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardStats:
     """The complete samples of a damaged shard before the damage: a sample is complete once a
     header of the next one has been read."""
     stats = ShardStats()
@@ -138,7 +139,7 @@ def _readable_prefix(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Shard
 
 
 def scan_shards(
-    urls: Sequence[str], max_threads: int = 16, on_error: str = "raise", config: StorageConfig = DEFAULT_STORAGE
+    urls: Sequence[str], max_threads: int = 16, on_error: str = "raise", config: StorageOptions = DEFAULT_STORAGE
 ) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
     missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
@@ -162,7 +163,7 @@ class ManifestNotFound(ConfigError):
     """The manifest file does not exist."""
 
 
-def _read_text(path: str, config: StorageConfig) -> bytes:
+def _read_text(path: str, config: StorageOptions) -> bytes:
     if not is_remote(path):
         with open(local_path(path), "rb") as f:
             return f.read()
@@ -182,7 +183,7 @@ def _read_text(path: str, config: StorageConfig) -> bytes:
         raise ConfigError(f"cannot read manifest {path!r}: {exc.detail}; {exc.hint}") from None
 
 
-def read_manifest(path: str, config: StorageConfig = DEFAULT_STORAGE) -> List[ShardInfo]:
+def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[ShardInfo]:
     """Shards and sample counts from a manifest (a local path or a URL); relative URLs are taken
     from its directory. A ConfigError names any field of the wrong type and any shard listed twice."""
     try:
@@ -251,7 +252,7 @@ def _entry(path: str, i: int, entry: object) -> ShardInfo:
     return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes))
 
 
-def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageConfig = DEFAULT_STORAGE) -> None:
+def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE) -> None:
     """Write a manifest (a local path or a URL); shards under its directory are stored relative
     to it."""
     remote = is_remote(path)

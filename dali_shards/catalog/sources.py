@@ -28,7 +28,8 @@ from braceexpand import braceexpand
 
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.catalog.manifest import ManifestNotFound, ShardInfo, read_manifest, scan_shards
-from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig, filesystem, is_remote
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
 
 log = logging.getLogger("dali_shards")
@@ -44,7 +45,7 @@ def is_manifest(path: str) -> bool:
     return path.endswith(".json")
 
 
-def expand_pattern(pattern: str, config: StorageConfig = DEFAULT_STORAGE) -> List[str]:
+def expand_pattern(pattern: str, config: StorageOptions = DEFAULT_STORAGE) -> List[str]:
     """Shard URLs of one brace pattern and/or glob, in order."""
     urls: List[str] = []
     for item in braceexpand(pattern):
@@ -75,7 +76,7 @@ def expand_pattern(pattern: str, config: StorageConfig = DEFAULT_STORAGE) -> Lis
 def resolve_source(
     source: Source,
     on_error: str = "raise",
-    config: StorageConfig = DEFAULT_STORAGE,
+    config: StorageOptions = DEFAULT_STORAGE,
     counts: bool = True,
     stale_manifest: str = "raise",
 ) -> List[ShardInfo]:
@@ -127,7 +128,7 @@ def resolve_source(
 
 
 def _count_remote(
-    shards: List[ShardInfo], remote: Sequence[Tuple[int, str, str]], config: StorageConfig, counts: bool
+    shards: List[ShardInfo], remote: Sequence[Tuple[int, str, str]], config: StorageOptions, counts: bool
 ) -> None:
     """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
     them; without one, a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
@@ -179,7 +180,7 @@ def _check_manifested(
     origins: Sequence[str],
     stale: str,
     on_error: str,
-    config: StorageConfig,
+    config: StorageOptions,
 ) -> None:
     """Compare the local shards listed by manifests with their recorded ``bytes`` (a stat each):
     refuse a changed one (with ``on_error="skip"``: warn, and the workers skip it, counted), or
@@ -216,7 +217,7 @@ def _check_manifested(
         shards[slot] = info
 
 
-def _manifests_beside(urls: Sequence[str], config: StorageConfig) -> Dict[str, ShardInfo]:
+def _manifests_beside(urls: Sequence[str], config: StorageOptions) -> Dict[str, ShardInfo]:
     """The shards listed by the ``manifest.json`` of each folder holding one of ``urls``."""
     found: Dict[str, ShardInfo] = {}
     for folder in dict.fromkeys(u.rsplit("/", 1)[0] for u in urls):

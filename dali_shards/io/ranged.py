@@ -37,7 +37,7 @@ from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.fsrequest import access_error, http_status, permanent, stale_error, timed
 
 if TYPE_CHECKING:
-    from dali_shards.io.remote import StorageConfig
+    from dali_shards.options import StorageOptions
 
 log = logging.getLogger("dali_shards")
 
@@ -56,7 +56,7 @@ class Cancelled(Exception):
 async def _http_get(reader: "RangeReader", start: int, end: int, sink: bytearray, cancelled: Callable[[], bool]):
     """Stream bytes ``[start, end)`` into ``sink`` as they arrive; tell ``reader`` the object's size
     as soon as the answer says it. ``TimeoutError`` when no byte comes for ``timeout`` s."""
-    fs, timeout = reader.fs, reader.config.timeout
+    fs, timeout = reader.fs, reader.config.request_timeout
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
@@ -128,7 +128,7 @@ class RangeReader:
     """Retried ranged reads of one remote object (see the module's docstring). ``size`` is the
     size the caller expects (a manifest's ``bytes``), checked against the server's."""
 
-    def __init__(self, url: str, config: Optional["StorageConfig"] = None, size: Optional[int] = None):
+    def __init__(self, url: str, config: Optional["StorageOptions"] = None, size: Optional[int] = None):
         from dali_shards.io.remote import DEFAULT_STORAGE, filesystem
 
         self.url = url
@@ -174,7 +174,7 @@ class RangeReader:
         return self.retrying(what, lambda: self._timed("cat_file", self.path))
 
     def _timed(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return timed(self.fs, method, self.config.timeout, *args, **kwargs)
+        return timed(self.fs, method, self.config.request_timeout, *args, **kwargs)
 
     def retrying(self, what: str, func: Callable[[], Any], cancelled: Callable[[], bool] = lambda: False) -> Any:
         """``func()``, retried on transient errors; a ``ShardAccessError`` naming ``what`` otherwise."""
@@ -273,7 +273,7 @@ class RangeReader:
                     _pieces[id(self.fs)] = max(MIN_PIECE, (hi - pos) // 2)
                     log.warning("dali_shards: %s: asking for %d bytes at a time", self.url, _pieces[id(self.fs)])
                 raise
-            if time.monotonic() - began < self.config.timeout / 4 and hi - pos == piece < self.config.chunk_size:
+            if time.monotonic() - began < self.config.request_timeout / 4 and hi - pos == piece < self.config.chunk_size:
                 _pieces[id(self.fs)] = min(self.config.chunk_size, piece * 2)
             if len(data) > hi - pos:
                 raise OSError(f"asked for {hi - pos} bytes at {pos}, got {len(data)}")

@@ -1,7 +1,7 @@
 """Reading objects from remote storage (``s3://``, ``gs://``, ``http(s)://``... through fsspec)
 as sequential streams: ranged requests of ``chunk_size`` bytes fetched ahead in a background
 thread, each retried with exponential backoff and resumed at the byte it stopped at (see
-``ranged`` for the retries and what ``timeout`` bounds).
+``ranged`` for the retries and what ``request_timeout`` bounds).
 
 A request that raises a transient error (connection reset or refused, 5xx, timeout, a body cut
 short) is retried; "not found", "permission denied" and a range past the end are not. After
@@ -16,64 +16,16 @@ import logging
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Mapping, Optional, Tuple
+from typing import Any, Deque, Dict, Optional, Tuple
 
 from dali_shards.errors import ShardAccessError
+from dali_shards.options import StorageOptions
 from dali_shards.io.fsrequest import http_status  # noqa: F401 - part of this module's API
 from dali_shards.io.ranged import RangeReader, SizeCheck
 
 log = logging.getLogger("dali_shards")
 
-_PROTOCOL_KEYS = frozenset({"s3", "s3a", "gs", "gcs", "http", "https", "az", "abfs", "file", "hf", "memory"})
-
-
-@dataclass(frozen=True)
-class StorageConfig:
-    """How shards are read: fsspec ``storage_options``, read-ahead, retries and the local cache.
-
-    ``storage_options`` are passed to the fsspec filesystem of every remote URL, or, when its keys
-    are protocols (``{"s3": {...}, "https": {...}}``), to that protocol's filesystem.
-    ``read_ahead`` is the number of shards each worker opens ahead of the one it reads;
-    ``chunk_size`` the bytes per ranged request and ``chunks_ahead`` how many of them each open
-    shard holds ready. A failed request is retried ``retries`` times, waiting ``backoff`` seconds
-    and doubling up to ``max_backoff``; ``timeout`` is the longest wait for bytes over HTTP and
-    the longest request elsewhere (see ``ranged``). ``cache_dir`` keeps completely read remote
-    shards on local disk, evicting the least recently used beyond ``cache_limit`` bytes.
-    """
-
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    read_ahead: int = 2
-    chunk_size: int = 8 << 20
-    chunks_ahead: int = 2
-    retries: int = 5
-    backoff: float = 0.5
-    max_backoff: float = 30.0
-    timeout: float = 60.0
-    cache_dir: Optional[str] = None
-    cache_limit: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        for name in ("read_ahead", "retries"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
-        for name in ("chunk_size", "chunks_ahead"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.timeout > 0 or self.backoff < 0:
-            raise ValueError("timeout must be positive and backoff non-negative")
-        if self.cache_limit is not None and self.cache_limit < 0:
-            raise ValueError("cache_limit must be a non-negative number of bytes")
-
-    def options_for(self, protocol: str) -> Dict[str, Any]:
-        """The fsspec options for one protocol."""
-        opts = dict(self.storage_options or {})
-        if opts and set(opts) <= _PROTOCOL_KEYS:
-            return dict(opts.get(protocol, {}))
-        return opts
-
-
-DEFAULT_STORAGE = StorageConfig()
+DEFAULT_STORAGE = StorageOptions()
 
 
 def is_remote(url: str) -> bool:
@@ -85,7 +37,7 @@ _filesystems: Dict[Tuple[int, str, str], Tuple[Any, str]] = {}
 _fs_lock = threading.Lock()
 
 
-def filesystem(url: str, config: StorageConfig = DEFAULT_STORAGE) -> Tuple[Any, str]:
+def filesystem(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Tuple[Any, str]:
     """The fsspec filesystem for ``url`` (one per process, protocol and options) and the path in it."""
     try:
         import fsspec
@@ -133,7 +85,7 @@ class RemoteStream(io.RawIOBase):
     chunks of an uninterrupted read from byte 0 and is completed at its end, or abandoned."""
 
     def __init__(
-        self, url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None, tee: Optional[Tee] = None
+        self, url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optional[int] = None, tee: Optional[Tee] = None
     ):
         super().__init__()
         self.url = url

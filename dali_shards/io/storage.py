@@ -25,7 +25,8 @@ from urllib.parse import unquote, urlparse
 
 from dali_shards.io.cache import CacheWriter, ShardCache
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
-from dali_shards.io.remote import DEFAULT_STORAGE, RemoteStream, StorageConfig, is_remote
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import DEFAULT_STORAGE, RemoteStream, is_remote
 
 log = logging.getLogger("dali_shards")
 
@@ -87,7 +88,7 @@ _caches: Dict[Tuple[str, Optional[int]], ShardCache] = {}
 _cache_lock = threading.Lock()
 
 
-def shard_cache(config: StorageConfig) -> Optional[ShardCache]:
+def shard_cache(config: StorageOptions) -> Optional[ShardCache]:
     """The process's cache object for ``config.cache_dir`` (None without one)."""
     if not config.cache_dir:
         return None
@@ -98,7 +99,7 @@ def shard_cache(config: StorageConfig) -> Optional[ShardCache]:
         return _caches[key]
 
 
-def open_shard(url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
+def open_shard(url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
     """A readable binary stream of a shard's tar bytes (decompressed if needed). Remote shards
     stream in ranged requests fetched ahead in the background. ``size`` (stored bytes, e.g. from
     the manifest) is checked against the shard's (a ``ShardFormatError`` if they differ) and
@@ -106,7 +107,7 @@ def open_shard(url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional
     return ShardOpener(url, config, size)()
 
 
-def start_open(url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
+def start_open(url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
     """The raw stream of a shard: a local file (its cached copy for a remote shard), or a remote
     stream whose background fetching has started; returns without waiting for data."""
     return ShardOpener(url, config, size).start_raw()
@@ -175,7 +176,7 @@ class ShardOpener:
     remembers what it opened: its cached copy, or the cache copy being written, so that
     :func:`read_attempts` can evict a copy that fails to read."""
 
-    def __init__(self, url: str, config: StorageConfig = DEFAULT_STORAGE, size: Optional[int] = None):
+    def __init__(self, url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optional[int] = None):
         self.url = url
         self.config = config
         self.size = size
@@ -293,7 +294,7 @@ def read_attempts(opener: Callable[..., BinaryIO]) -> Iterator[Attempt]:
 
 
 def read_ahead(
-    urls: Sequence[str], config: StorageConfig = DEFAULT_STORAGE, sizes: Sequence[Optional[int]] = ()
+    urls: Sequence[str], config: StorageOptions = DEFAULT_STORAGE, sizes: Sequence[Optional[int]] = ()
 ) -> Iterator[ShardOpener]:
     """One opener per URL, in order; while one shard is read, the next ``config.read_ahead``
     remote shards are already fetching their first chunks (local ones are announced to the

@@ -26,7 +26,7 @@ from dali_shards.pipeline.merge import assemble_fields
 from dali_shards.worker.layout import SampleLayout
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
-from dali_shards.io.remote import StorageConfig
+from dali_shards.options import StorageOptions
 from dali_shards.plan.resume import make_state, resume_point
 from dali_shards.catalog.sources import Source, resolve_source
 from dali_shards.worker.resampled import StreamingWorkerSource
@@ -158,14 +158,14 @@ def _bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, nu
     return int((mean + layout.header_bytes) * 1.25 / num_workers) + per_slot_meta
 
 
-def storage_config(options: Dict[str, Any]) -> StorageConfig:
+def storage_config(options: Dict[str, Any]) -> StorageOptions:
     """The storage settings among the pipeline options."""
     try:
-        return StorageConfig(
+        return StorageOptions(
             storage_options=dict(options.get("storage_options") or {}),
             read_ahead=options.get("read_ahead", 2),
             retries=options.get("retries", 5),
-            timeout=float(options.get("request_timeout", 60.0)),
+            request_timeout=options.get("request_timeout", 60.0),
             cache_dir=options.get("cache_dir"),
             cache_limit=options.get("cache_limit"),
         )

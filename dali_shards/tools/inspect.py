@@ -13,7 +13,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig
+from dali_shards.options import StorageOptions
+
+from dali_shards.io.remote import DEFAULT_STORAGE
 from dali_shards.catalog.manifest import stored_size
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader
@@ -33,7 +35,7 @@ class ShardReport:
     error: Optional[str] = None
 
 
-def scan_report(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardReport:
+def scan_report(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardReport:
     """Keys and member sizes per extension of one shard (an unreadable shard is reported, not raised)."""
     report = ShardReport(url, bytes=stored_size(url, config))
     try:
@@ -53,7 +55,7 @@ def scan_report(url: str, config: StorageConfig = DEFAULT_STORAGE) -> ShardRepor
 
 
 def inspect_shards(
-    urls: Sequence[str], threads: int = 8, progress: bool = False, config: StorageConfig = DEFAULT_STORAGE
+    urls: Sequence[str], threads: int = 8, progress: bool = False, config: StorageOptions = DEFAULT_STORAGE
 ) -> dict:
     """A JSON-able summary of the shards: per shard, per field, missing fields, duplicate keys."""
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:

@@ -18,7 +18,8 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.worker.layout import Packed, SampleLayout
 from dali_shards.plan.epoch import EpochPlan, PlanSpec, Segment
-from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import DEFAULT_STORAGE
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.io.tarformat import TarReader
 from dali_shards.worker.process import ProcessEpochs
@@ -55,7 +56,7 @@ class WorkerSource(ProcessEpochs):
         start_epoch: int = 0,
         resume_plan: Optional[EpochPlan] = None,
         on_error: str = "raise",
-        storage: StorageConfig = DEFAULT_STORAGE,
+        storage: StorageOptions = DEFAULT_STORAGE,
         byte_sizes: Sequence[Optional[int]] = (),
         control: Optional[str] = None,
     ):
@@ -228,7 +229,7 @@ def _read_segments(
     layout: SampleLayout,
     needed: Callable[[int], bool],
     on_error: str = "raise",
-    storage: StorageConfig = DEFAULT_STORAGE,
+    storage: StorageOptions = DEFAULT_STORAGE,
     byte_sizes: Sequence[Optional[int]] = (),
     progress: Callable[..., None] = lambda shard=None: None,
 ) -> Iterator[Tuple[int, Union[Packed, Skipped]]]:

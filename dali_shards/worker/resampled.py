@@ -13,7 +13,8 @@ from typing import Iterator, List, Optional, Sequence
 from dali_shards.errors import ShardError, ShardFormatError
 from dali_shards.worker.layout import Packed, SampleLayout
 from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
-from dali_shards.io.remote import DEFAULT_STORAGE, StorageConfig
+from dali_shards.options import StorageOptions
+from dali_shards.io.remote import DEFAULT_STORAGE
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.plan.resampled import StreamingSpec, stream_index
 from dali_shards.io.tarformat import TarReader
@@ -43,7 +44,7 @@ class StreamingWorkerSource(ProcessEpochs):
         first_steps: Optional[int] = None,
         shuffle_buffer: int = 1024,
         on_error: str = "raise",
-        storage: StorageConfig = DEFAULT_STORAGE,
+        storage: StorageOptions = DEFAULT_STORAGE,
         byte_sizes: Sequence[Optional[int]] = (),
         control: Optional[str] = None,
     ):

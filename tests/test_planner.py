@@ -142,7 +142,7 @@ def test_exhaustive_small_configurations():
     ):
         if mode == "drop" and sum(sizes) < world * workers * per_worker:
             continue
-        spec = PlanSpec(sizes, world, workers, workers * per_worker, 11, shuffle, mode, 4)
+        spec = PlanSpec(sizes, world_size=world, num_workers=workers, batch_size=workers * per_worker, seed=11, shuffle=shuffle, last_batch=mode, shuffle_buffer=4)
         check_epoch(spec, 3)
 
 

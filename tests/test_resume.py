@@ -16,7 +16,7 @@ SIZES = (13, 0, 40, 7, 1, 22)
 
 
 def spec_of(world=2, workers=2, batch=4, mode="pad", sizes=SIZES, seed=5, shuffle=True, buffer=8):
-    return PlanSpec(sizes, world, workers, batch, seed, shuffle, mode, buffer)
+    return PlanSpec(sizes, world_size=world, num_workers=workers, batch_size=batch, seed=seed, shuffle=shuffle, last_batch=mode, shuffle_buffer=buffer)
 
 
 def delivered(plan, steps=None, start=None):

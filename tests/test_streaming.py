@@ -29,7 +29,7 @@ SIZES = (11, 0, 17, 3, 16)
 def test_streaming_plan_properties(shards, world, workers, mini, samples, seed, drop):
     batch = workers * mini
     try:
-        spec = StreamingSpec(shards, samples, world, workers, batch, seed, True, "drop" if drop else "pad")
+        spec = StreamingSpec(shards, samples, world_size=world, num_workers=workers, batch_size=batch, seed=seed, shuffle=True, last_batch="drop" if drop else "pad")
     except ConfigError:
         assert drop and samples < world * batch
         return
@@ -47,7 +47,7 @@ def test_streaming_plan_properties(shards, world, workers, mini, samples, seed, 
     for v in range(V):
         assert sorted(spec.cycle_order(v, 3)) == spec.owned_shards(v)
         assert spec.cycle_order(v, 3) == spec.cycle_order(v, 3), "deterministic"
-    big = StreamingSpec(24, 100, 1, 1, 1, seed, True)
+    big = StreamingSpec(24, 100, seed=seed, shuffle=True)
     assert len({tuple(big.cycle_order(0, c)) for c in range(4)}) > 1, "cycles reshuffle"
 
 

@@ -24,6 +24,7 @@ import threading
 from typing import List, Optional, Tuple
 
 from dali_shards.io.remote import Tee
+from dali_shards.processes import pid_alive
 
 log = logging.getLogger("dali_shards")
 
@@ -33,23 +34,10 @@ _HOST = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "host"
 _TEMP = re.compile(r"\.shard\.(?:([A-Za-z0-9_-]+)\.)?(\d+)\.(\d+)\.tmp$")
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (a reused pid counts as alive)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        return True
-    return True
-
-
 def _stale(name: str) -> bool:
     """A temporary file left by a process of this host that no longer runs."""
     m = _TEMP.search(name)
-    return m is not None and m.group(1) in (None, _HOST) and not _alive(int(m.group(2)))
+    return m is not None and m.group(1) in (None, _HOST) and not pid_alive(int(m.group(2)))
 
 
 class ShardCache:

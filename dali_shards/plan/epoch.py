@@ -53,13 +53,7 @@ class PlanSpec(BatchLayout):
     """Everything a plan depends on except the epoch; validated on construction."""
 
     shard_sizes: Tuple[int, ...]
-    world_size: int = 1
-    num_workers: int = 1
-    batch_size: int = 1
-    seed: int = option_default("seed")
-    shuffle: bool = option_default("shuffle")
-    last_batch: str = option_default("last_batch")
-    shuffle_buffer: int = option_default("shuffle_buffer")
+    shuffle_buffer: int = field(default=option_default("shuffle_buffer"), kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
@@ -328,5 +322,14 @@ def plan_epoch(
     shuffle_buffer: int = option_default("shuffle_buffer"),
 ) -> EpochPlan:
     """The plan of one epoch (see the module docstring)."""
-    spec = PlanSpec(tuple(shard_sizes), world_size, num_workers, batch_size, seed, shuffle, last_batch, shuffle_buffer)
+    spec = PlanSpec(
+        tuple(shard_sizes),
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        last_batch=last_batch,
+        shuffle_buffer=shuffle_buffer,
+    )
     return spec.epoch(epoch)

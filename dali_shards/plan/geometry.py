@@ -3,12 +3,13 @@ of a batch are valid. Pure arithmetic, shared by the planned and the resampled m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import LastBatch, check_batch_split
+from dali_shards.options import LastBatch, check_batch_split, option_default
 
 
 def check_positive(obj: object, *names: str) -> None:
@@ -47,14 +48,17 @@ def valid_mask(valid_counts: Sequence[int], step: int, mini_batch: int) -> np.nd
     return np.concatenate([emitted < count for count in valid_counts])
 
 
+@dataclass(frozen=True, kw_only=True)
 class BatchLayout:
-    """Ranks x workers x batch and the last batch mode (fields ``world_size``, ``num_workers``,
-    ``batch_size``, ``last_batch``), shared by ``PlanSpec`` and ``StreamingSpec``."""
+    """Ranks x workers x batch, the shared seed, shuffling and the last batch mode: what
+    ``PlanSpec`` and ``StreamingSpec`` share (keyword-only)."""
 
-    world_size: int
-    num_workers: int
-    batch_size: int
-    last_batch: str
+    world_size: int = 1
+    num_workers: int = 1
+    batch_size: int = 1
+    seed: int = option_default("seed")
+    shuffle: bool = option_default("shuffle")
+    last_batch: str = option_default("last_batch")
 
     def _check_layout(self) -> None:
         check_positive(self, "world_size", "num_workers", "batch_size")

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import option_default
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.geometry import BatchLayout, check_positive
 from dali_shards.plan.random import TAG_CYCLE, TAG_OWNER, permutation
@@ -28,12 +27,6 @@ class StreamingSpec(BatchLayout):
 
     num_shards: int
     samples_per_epoch: int
-    world_size: int = 1
-    num_workers: int = 1
-    batch_size: int = 1
-    seed: int = option_default("seed")
-    shuffle: bool = option_default("shuffle")
-    last_batch: str = option_default("last_batch")
 
     def __post_init__(self) -> None:
         check_positive(self, "num_shards", "samples_per_epoch")

@@ -22,6 +22,7 @@ import time
 import weakref
 from typing import List, NamedTuple, Optional
 
+from dali_shards.processes import pid_alive
 from dali_shards.errors import ConfigError
 
 _MAGIC = b"DSCTL001"
@@ -55,14 +56,6 @@ def _directory() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale(directory: Optional[str] = None) -> List[str]:
@@ -73,7 +66,7 @@ def remove_stale(directory: Optional[str] = None) -> List[str]:
             pid = int(os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             try:
                 os.unlink(path)
                 removed.append(path)

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
+from dali_shards.processes import pid_alive
 from dali_shards.worker.control import NO_SLOT, WorkerSlot
 
 HEARTBEAT_S = 0.5
@@ -129,7 +130,7 @@ def _leave_signals_to_the_parent() -> None:
 
 def _bind_to_parent(owner_pid: int) -> None:
     if os.getppid() != owner_pid:
-        if _alive(owner_pid):
+        if pid_alive(owner_pid):
             return  # run by something else than the pipeline's pool: not ours to bind
         os._exit(1)  # the parent died before this process got here
     if _forked_by_main_thread and sys.platform.startswith("linux"):
@@ -159,16 +160,6 @@ def _heartbeat(owner_pid: int) -> None:
         for slot in _slots:
             slot.beat()
         time.sleep(HEARTBEAT_S)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _MAIN_PID = os.getpid()

@@ -29,7 +29,7 @@ StorageConfig = StorageOptions  # the name before 0.2
 _LAZY = {
     "sharded_pipeline": "pipeline.decorator",
     "pipeline_info": "pipeline.decorator",
-    "ShardedPipelineInfo": "pipeline.decorator",
+    "ShardedPipelineInfo": "pipeline.info",
     "decode_image": "pipeline.decode",
     "pipeline_has_gpu": "pipeline.decode",
 }

@@ -49,10 +49,12 @@ def test_blocks_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
     assert not os.path.exists(path)
 
 
-def test_worker_timeout_is_checked():
+def test_worker_timeout_is_checked_with_the_options():
+    from dali_shards.options import ShardedOptions
+
     for bad in (0, -1, "60", True):
         with pytest.raises(ConfigError, match="worker_timeout"):
-            ControlBlock.create(1, worker_timeout=bad)
+            ShardedOptions(source="x.tar", fields=("cls",), batch_size=1, py_num_workers=1, worker_timeout=bad)
     block = ControlBlock.create(1, worker_timeout=None)
     assert block.worker_timeout is None
     block.remove()

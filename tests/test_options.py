@@ -87,7 +87,6 @@ def test_unknown_option_is_refused():
         make(shuffle_bufer=10)
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/decorator.py still repeats defaults until it takes ShardedOptions")
 def test_defaults_are_written_once():
     """The decorator's keywords are the options' fields: no second copy of any default."""
     import inspect

@@ -11,9 +11,15 @@ from dali_shards.worker.layout import SampleLayout, table_slot
 from dali_shards.catalog.manifest import scan_shards
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards
+from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.planned import WorkerSource
 
 LAYOUT = SampleLayout(("cls", "__index__"))
+
+
+def make_source(spec, urls, layout, rank, worker, **kw):
+    config = WorkerConfig(spec=spec, urls=tuple(urls), byte_sizes=(), layout=layout, rank=rank, worker=worker, **kw)
+    return WorkerSource(config)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +56,7 @@ def test_batches_follow_the_plan(shards, shuffle, table):
     layout = SampleLayout(("jpg", "cls", "__index__"), table=table, payload="jpg")
     for rank in range(2):
         for worker in range(3):
-            src = WorkerSource(spec, paths, layout, rank, worker)
+            src = make_source(spec, paths, layout, rank, worker)
             for epoch in range(2):
                 batches = list(iter(src))
                 assert len(batches) == spec.steps_per_epoch
@@ -70,7 +76,7 @@ def test_labels_follow_the_photos(shards):
     layout = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
     photos = [open(img.path, "rb").read() for img in sample_images()]
     for worker in range(2):
-        for batch in iter(WorkerSource(spec, paths, layout, 0, worker)):
+        for batch in iter(make_source(spec, paths, layout, 0, worker)):
             rows = batch[table_slot(worker, 2, 5)][: 5 * layout.header_bytes].view(np.int64).reshape(5, -1)
             for payload, row in zip(batch[worker * 5 : worker * 5 + 5], rows):
                 index, cls = int(row[0]), int(row[2])
@@ -81,7 +87,7 @@ def test_labels_follow_the_photos(shards):
 def test_shuffle_buffer_bounds_memory(shards):
     paths, sizes = shards
     spec = PlanSpec(sizes, batch_size=2, shuffle=True, shuffle_buffer=3)
-    it = iter(WorkerSource(spec, paths, LAYOUT, 0, 0))
+    it = iter(make_source(spec, paths, LAYOUT, 0, 0))
     peak = 0
     for _ in it:
         peak = max(peak, len(it._pending))
@@ -90,7 +96,7 @@ def test_shuffle_buffer_bounds_memory(shards):
 
 def test_iter_is_lazy_and_errors_name_the_shard(tmp_path):
     spec = PlanSpec((4,), batch_size=2)
-    src = WorkerSource(spec, [str(tmp_path / "missing.tar")], LAYOUT, 0, 0)
+    src = make_source(spec, [str(tmp_path / "missing.tar")], LAYOUT, 0, 0)
     it = iter(src)  # what DALI does in the main process: must not touch the shard
     with pytest.raises(ShardAccessError, match="missing.tar"):
         next(it)
@@ -100,7 +106,7 @@ def test_shard_shorter_than_planned(shards):
     paths, sizes = shards
     spec = PlanSpec((sizes[0] + 2,), batch_size=1)  # plan claims more samples than the shard has
     with pytest.raises(ShardFormatError, match="fewer samples"):
-        list(iter(WorkerSource(spec, paths[:1], LAYOUT, 0, 0)))
+        list(iter(make_source(spec, paths[:1], LAYOUT, 0, 0)))
 
 
 def _child_epochs(src, queue):
@@ -110,7 +116,7 @@ def _child_epochs(src, queue):
 
 def test_epochs_are_counted_per_process(shards):
     paths, sizes = shards
-    src = WorkerSource(PlanSpec(sizes, batch_size=2), paths, LAYOUT, 0, 0, start_epoch=7)
+    src = make_source(PlanSpec(sizes, batch_size=2), paths, LAYOUT, 0, 0, start_epoch=7)
     assert iter(src).epoch == 7  # the main process's call, made at pipeline definition
     assert iter(src).epoch == 8
     # a forked worker starts counting afresh, as does an unpickled (spawned) copy
@@ -129,6 +135,6 @@ def test_more_workers_than_samples(shards):
     seen = []
     for rank in range(2):
         for worker in range(2):
-            for b in iter(WorkerSource(spec, paths, LAYOUT, rank, worker)):
+            for b in iter(make_source(spec, paths, LAYOUT, rank, worker)):
                 seen += decode(b, worker, 1, 2)
     assert sorted(seen, key=lambda x: not x[1]) == [(0, True), (0, False), (0, False), (0, False)]

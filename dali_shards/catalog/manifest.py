@@ -31,6 +31,7 @@ from dali_shards.options import StorageOptions
 from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
+from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")
 
@@ -78,7 +79,7 @@ def stored_size(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[
     return reader.object_size()
 
 
-def scan_shard(url: str, on_error: str = "raise", config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
+def scan_shard(url: str, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
     """Count a shard's samples from its tar headers (member data is seeked over, not read).
 
     With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
@@ -95,7 +96,7 @@ def scan_shard(url: str, on_error: str = "raise", config: StorageOptions = DEFAU
             with open_shard(url, config, size) as stream:
                 cached = scan_tar(stream, url)
         except (ShardError, OSError, EOFError) as exc:
-            if on_error == "raise":
+            if OnError(on_error) is OnError.RAISE:
                 raise
             cached = _readable_prefix(url, config)
             log.warning("dali_shards: shard %s is damaged (%s); using its first %d samples", url, exc, cached.samples)
@@ -139,7 +140,7 @@ def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Shar
 
 
 def scan_shards(
-    urls: Sequence[str], max_threads: int = 16, on_error: str = "raise", config: StorageOptions = DEFAULT_STORAGE
+    urls: Sequence[str], max_threads: int = 16, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE
 ) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
     missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]

@@ -31,6 +31,7 @@ from dali_shards.catalog.manifest import ManifestNotFound, ShardInfo, read_manif
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
+from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")
 MANIFEST_NAME = "manifest.json"
@@ -75,10 +76,10 @@ def expand_pattern(pattern: str, config: StorageOptions = DEFAULT_STORAGE) -> Li
 
 def resolve_source(
     source: Source,
-    on_error: str = "raise",
+    on_error: str = option_default("on_error"),
     config: StorageOptions = DEFAULT_STORAGE,
     counts: bool = True,
-    stale_manifest: str = "raise",
+    stale_manifest: str = option_default("stale_manifest"),
 ) -> List[ShardInfo]:
     """The shards of ``source`` with their sample counts (a manifest, else a header scan of local
     shards; with ``on_error="skip"`` damaged or missing local shards count what can be read).
@@ -202,7 +203,7 @@ def _check_manifested(
             hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
             'stale_manifest="rescan" to count changed shards again at every start',
         )
-        if on_error == "raise":
+        if OnError(on_error) is OnError.RAISE:
             raise error
         log.warning("dali_shards: %s; its samples will be skipped", error)
     for slot, info in zip(changed, scan_shards([shards[s].url for s in changed], on_error=on_error, config=config)):

@@ -19,6 +19,7 @@ from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.geometry import BatchLayout, check_positive
 from dali_shards.plan.random import TAG_CYCLE, TAG_OWNER, permutation
+from dali_shards.options import LastBatch
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class StreamingSpec(BatchLayout):
 
     @property
     def steps_per_epoch(self) -> int:
-        round_ = math.ceil if self.last_batch == "pad" else math.floor
+        round_ = math.ceil if self.last_batch is LastBatch.PAD else math.floor
         return int(round_(self.samples_per_epoch / self.global_batch))
 
     @property
@@ -77,7 +78,7 @@ class StreamingSpec(BatchLayout):
             batch_size=self.batch_size,
             seed=self.seed,
             shuffle=False,
-            last_batch="pad",
+            last_batch=LastBatch.PAD,
         )
 
 

@@ -23,7 +23,7 @@ import weakref
 from typing import List, NamedTuple, Optional
 
 from dali_shards.processes import pid_alive
-from dali_shards.errors import ConfigError
+from dali_shards.options import option_default
 
 _MAGIC = b"DSCTL001"
 _HEADER = struct.Struct("<8sqqq")  # magic, owner pid, workers, cut: (epoch + 1) << 32 | step, 0 = none
@@ -85,15 +85,6 @@ def _release(path: str, mapped: mmap.mmap, owner_pid: int) -> None:
         pass
 
 
-def check_worker_timeout(value: object) -> Optional[float]:
-    """``worker_timeout`` as seconds (None: no timeout), or a ``ConfigError`` naming the option."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"worker_timeout must be a positive number of seconds or None (no timeout), got {value!r}")
-    return float(value)
-
-
 class ControlBlock:
     """The main process's side of a pipeline's control block, with the settings that go with it
     (``worker_prefetch``, ``worker_timeout``). Create it with :meth:`create`; it is removed by
@@ -113,12 +104,11 @@ class ControlBlock:
         cls,
         num_workers: int,
         *,
-        worker_prefetch: int = 2,
-        worker_timeout: Optional[float] = 600.0,
+        worker_prefetch: int = option_default("worker_prefetch"),
+        worker_timeout: Optional[float] = option_default("worker_timeout"),
         directory: Optional[str] = None,
     ) -> "ControlBlock":
         """A new, zeroed control block for ``num_workers`` workers (stale ones are removed first)."""
-        worker_timeout = check_worker_timeout(worker_timeout)
         directory = directory or _directory()
         remove_stale(directory)
         fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=_SUFFIX, dir=directory)

@@ -1,0 +1,95 @@
+"""From a resolved pipeline to a DALI one: one parallel external source per local worker, the
+merge of their slices, the user's graph function, the pipeline and its supervision."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Sequence
+
+import numpy as np
+from nvidia.dali import fn
+from nvidia.dali.pipeline import Pipeline, pipeline_def
+
+from dali_shards.options import ShardedOptions
+from dali_shards.pipeline.info import ShardedPipelineInfo
+from dali_shards.pipeline.merge import assemble_fields
+from dali_shards.pipeline.resolve import Resolved, resolve
+from dali_shards.pipeline.supervise import supervise
+from dali_shards.plan.random import MASK64
+from dali_shards.worker.control import ControlBlock
+from dali_shards.worker.planned import WorkerSource
+from dali_shards.worker.resampled import StreamingWorkerSource
+from dali_shards.world import check_start_method, default_device_id
+
+_TAG_PIPELINE_SEED = 0x4155_4720
+
+
+def pipeline_seed(seed: int, rank: int) -> int:
+    """DALI's seed for random operators: fixed by (seed, rank), different on every rank."""
+    state = np.random.SeedSequence([seed & MASK64, rank, _TAG_PIPELINE_SEED]).generate_state(1)
+    return int(state[0] & 0x7FFF_FFFF)
+
+
+def build_sharded_pipeline(
+    func: Callable[..., Any],
+    options: ShardedOptions,
+    pipeline_kwargs: Dict[str, Any],
+    fn_args: Sequence[Any] = (),
+    fn_kwargs: Dict[str, Any] | None = None,
+) -> Pipeline:
+    """Create the pipeline of a ``@sharded_pipeline`` function for the given options."""
+    fn_kwargs = dict(fn_kwargs or {})
+    check_start_method(pipeline_kwargs.get("py_start_method", "fork"))
+    control = ControlBlock.create(
+        options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
+    )
+    resolved = resolve(options).with_control(control.path)
+    source_type = StreamingWorkerSource if resolved.streaming is not None else WorkerSource
+    sources = [source_type(config) for config in resolved.workers]  # plain objects, made outside the graph
+    captured: Dict[str, Any] = {}
+
+    def graph():
+        fields, slot_status = assemble_fields(_external_sources(sources, resolved), resolved.layout, options.batch_size)
+        result = func(*fields, *fn_args, **fn_kwargs)
+        captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
+        captured["slot_status"] = slot_status
+        return result
+
+    kwargs = {
+        "batch_size": options.batch_size,
+        "py_num_workers": options.py_num_workers,
+        "seed": pipeline_seed(options.seed, resolved.rank),
+    }
+    if "device_id" not in pipeline_kwargs:
+        kwargs["device_id"] = default_device_id()
+    kwargs.update(pipeline_kwargs)
+    kwargs.pop("enable_conditionals", None)
+    pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
+    supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C
+
+    def rebuild(**overrides: Any) -> Pipeline:
+        """The same pipeline, anew, with some options changed (e.g. ``resume_from``)."""
+        return build_sharded_pipeline(func, options.replace(**overrides), pipeline_kwargs, fn_args, fn_kwargs)
+
+    pipe.dali_shards = ShardedPipelineInfo(
+        resolved=resolved,
+        rebuild=rebuild,
+        outputs=captured["outputs"],
+        slot_status=captured["slot_status"],
+        control=control,
+    )
+    return pipe
+
+
+def _external_sources(sources: Sequence[Any], resolved: Resolved) -> list:
+    """One parallel external source per local worker."""
+    return [
+        fn.external_source(
+            source=source,
+            batch=True,
+            parallel=True,
+            cycle="raise",
+            prefetch_queue_depth=resolved.options.worker_prefetch,
+            bytes_per_sample_hint=resolved.bytes_per_sample_hint,
+        )
+        for source in sources
+    ]

@@ -1,0 +1,163 @@
+"""From options and the world to everything the workers need: a pure step with no DALI import.
+
+``resolve`` lists the shards and their sizes, chooses the slot layout, builds the plan spec (or
+the streaming spec), applies a resume state, and makes one picklable ``WorkerConfig`` per local
+worker. ``pipeline/build.py`` then turns the result into DALI external sources and a pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.options import ShardedOptions
+from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.plan.resume import resume_point
+from dali_shards.world import resolve_world
+from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.layout import SampleLayout
+
+log = logging.getLogger("dali_shards")
+SLOT_META_BYTES = 128  # shared memory a batch slot takes beyond its sample
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """What a sharded pipeline reads and how, before any DALI object exists.
+
+    ``spec`` is the plan spec (in the streaming mode, ``streaming.as_plan_spec()``); a resumed
+    pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch), and
+    ``resume_prior`` lists the layouts that ran in that epoch before it.
+    """
+
+    options: ShardedOptions
+    world_size: int
+    rank: int
+    shards: Tuple[ShardInfo, ...]
+    layout: SampleLayout
+    spec: PlanSpec
+    streaming: Optional[StreamingSpec]
+    start_epoch: int
+    resume_plan: Optional[EpochPlan]
+    resume_prior: Tuple[Dict[str, Any], ...]
+    workers: Tuple[WorkerConfig, ...]
+    bytes_per_sample_hint: Optional[int]
+
+    def with_control(self, path: Optional[str]) -> "Resolved":
+        """The same, with every worker attached to the control block at ``path``."""
+        workers = tuple(dataclasses.replace(w, control=path) for w in self.workers)
+        return dataclasses.replace(self, workers=workers)
+
+
+def resolve(options: ShardedOptions) -> Resolved:
+    """Everything the pipeline's workers need, from the options and the world (see the module)."""
+    world_size, rank = resolve_world(options.world_size, options.rank)
+    shards = tuple(
+        resolve_source(
+            options.source,
+            on_error=options.on_error,
+            config=options.storage,
+            counts=not options.streaming,
+            stale_manifest=options.stale_manifest,
+        )
+    )
+    num_workers = options.py_num_workers
+    layout = choose_layout(options.fields, shards, num_workers)
+    common = dict(
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=options.batch_size,
+        seed=options.seed,
+        shuffle=options.shuffle,
+        last_batch=options.last_batch,
+    )
+    streaming = None
+    if options.streaming:
+        streaming = StreamingSpec(len(shards), options.samples_per_epoch, **common)
+        if streaming.shares_shards():
+            log.warning(
+                "dali_shards: %d shards for %d virtual workers: some workers stream the same shards",
+                len(shards),
+                streaming.num_virtual_workers,
+            )
+        spec = streaming.as_plan_spec()
+    else:
+        spec = PlanSpec(tuple(s.samples for s in shards), shuffle_buffer=options.shuffle_buffer, **common)
+    start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
+    if options.resume_from is not None:
+        start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from))
+    first_steps = None
+    if streaming is not None and resume_plan is not None:
+        first_steps = resume_plan.steps - resume_plan.start_step
+    worker_spec = streaming if streaming is not None else spec
+    workers = tuple(
+        WorkerConfig(
+            spec=worker_spec,
+            rank=rank,
+            worker=w,
+            urls=tuple(s.url for s in shards),
+            byte_sizes=tuple(s.bytes for s in shards),
+            layout=layout,
+            on_error=options.on_error,
+            image_check=options.image_check,
+            storage=options.storage,
+            start_epoch=start_epoch,
+            resume_plan=None if streaming is not None else resume_plan,
+            first_steps=first_steps,
+            shuffle_buffer=options.shuffle_buffer,
+        )
+        for w in range(num_workers)
+    )
+    return Resolved(
+        options=options,
+        world_size=world_size,
+        rank=rank,
+        shards=shards,
+        layout=layout,
+        spec=spec,
+        streaming=streaming,
+        start_epoch=start_epoch,
+        resume_plan=resume_plan,
+        resume_prior=tuple(resume_prior),
+        workers=workers,
+        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, num_workers),
+    )
+
+
+def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:
+    """Mean bytes per sample of the members with these extensions, if the scan recorded them."""
+    samples = sum(s.samples for s in shards if s.samples > 0)
+    if not samples or any(s.ext_bytes is None for s in shards if s.samples > 0):
+        return None
+    return sum(s.ext_bytes.get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
+
+
+def choose_layout(fields: Sequence[str], shards: Sequence[ShardInfo], num_workers: int) -> SampleLayout:
+    """The table layout for two or more workers, with the largest byte field (by the scan's
+    per-extension sizes; else the first) as payload; the packed layout for one worker."""
+    if num_workers < 2:
+        return SampleLayout(fields)
+    plain = SampleLayout(fields)
+    sizes = [
+        (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)
+    ]
+    payload = max(sizes)[2] if sizes else None
+    return SampleLayout(fields, table=True, payload=payload)
+
+
+def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num_workers: int) -> Optional[int]:
+    """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
+    ``batch_size / num_workers`` samples, so the hint is the sample size divided by the workers."""
+    exts = [e for spec in layout.byte_fields for e in spec.extensions]
+    mean = mean_field_bytes(shards, exts) if exts else 0.0
+    if mean is None:
+        known = [(s.bytes, s.samples) for s in shards if s.bytes and s.samples > 0]
+        if not known:
+            return None
+        mean = sum(b for b, _ in known) / sum(n for _, n in known)
+    return int((mean + layout.header_bytes) * 1.25 / num_workers) + SLOT_META_BYTES

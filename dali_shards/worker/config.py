@@ -1,0 +1,54 @@
+"""Everything one local worker needs, in one picklable object: made by the pure resolve step in
+the main process, carried into the worker process by DALI (pickled, or inherited by fork)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple, Union
+
+from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
+from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.worker.layout import SampleLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Local worker ``worker`` of ``rank``: its plan, its shards, how it reads and packs them.
+
+    ``spec`` is a ``PlanSpec`` (planned mode) or a ``StreamingSpec`` (streaming mode). A resumed
+    pipeline's first epoch is ``resume_plan`` (planned mode) or ``first_steps`` long (streaming
+    mode). ``control`` is the path of the pipeline's control block (None: no supervision).
+    """
+
+    spec: Union[PlanSpec, StreamingSpec]
+    rank: int
+    worker: int
+    urls: Tuple[str, ...]
+    byte_sizes: Tuple[Optional[int], ...]
+    layout: SampleLayout
+    on_error: OnError = OnError(option_default("on_error"))
+    image_check: ImageCheck = ImageCheck(option_default("image_check"))
+    storage: StorageOptions = field(default_factory=StorageOptions)
+    start_epoch: int = 0
+    resume_plan: Optional[EpochPlan] = None
+    first_steps: Optional[int] = None
+    shuffle_buffer: int = option_default("shuffle_buffer")
+    control: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not self.byte_sizes:
+            object.__setattr__(self, "byte_sizes", (None,) * len(self.urls))
+        if len(self.byte_sizes) != len(self.urls):
+            raise ValueError("one byte size (or None) per shard URL is required")
+        object.__setattr__(self, "on_error", OnError(self.on_error))
+        object.__setattr__(self, "image_check", ImageCheck(self.image_check))
+
+    @property
+    def virtual_worker(self) -> int:
+        """``rank * num_workers + worker``: this worker's place among all ranks' workers."""
+        return self.rank * self.spec.num_workers + self.worker
+
+    @property
+    def skips(self) -> bool:
+        return self.on_error is OnError.SKIP

@@ -1,0 +1,122 @@
+"""The reading core both worker sources share: a worker's shards opened ahead, their samples read
+and packed, and the ``on_error`` policy applied in one place.
+
+A bad sample (an unreadable member, a bad ``.cls``...) becomes a :class:`Skipped` under
+``on_error="skip"`` and raises its ``ShardError`` under ``"raise"``. A shard that cannot be read
+on (missing, truncated, corrupt compression, a failing server) raises its ``ShardError`` under
+``"raise"``; under ``"skip"`` its reading ends with one :class:`ShardFailed`, and the caller
+decides what the unread samples become. A cached copy that fails is read again from the server
+once, starting after the samples already passed on. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import logging
+import lzma
+import zlib
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
+
+from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
+from dali_shards.io.storage import read_ahead, read_attempts
+from dali_shards.io.tarformat import TarReader
+from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.layout import Packed
+
+log = logging.getLogger("dali_shards")
+READ_ERRORS = (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError)
+
+
+class Skipped(NamedTuple):
+    """A sample that could not be used (``on_error="skip"``): its index, shard, key and why."""
+
+    index: int
+    url: str
+    key: Optional[str]
+    reason: str
+
+
+class ShardFailed(NamedTuple):
+    """The end of a shard that could not be read on (``on_error="skip"``)."""
+
+    url: str
+    reason: str
+
+
+Item = Union[Packed, Skipped]
+
+
+def shard_error(url: str, exc: BaseException) -> ShardError:
+    """A reading failure as an error naming the shard."""
+    if isinstance(exc, ShardError):
+        return exc
+    if isinstance(exc, EOFError):
+        return ShardFormatError(url, f"compressed data ends early ({exc})", hint="the shard was cut short; re-create it")
+    if isinstance(exc, (zlib.error, lzma.LZMAError)) or "gzip" in str(exc).lower() or "compressed" in str(exc).lower():
+        return ShardFormatError(url, f"corrupt compressed data ({exc})", hint="re-create or re-download the shard")
+    return ShardAccessError(url, f"read error: {exc}", hint="check the storage holding the shard")
+
+
+class ShardReader:
+    """Reads one worker's shards (``config``); ``progress(shard)`` is called as a shard is opened
+    and ``progress()`` for every sample read, so that the watchdog sees the worker move."""
+
+    def __init__(self, config: WorkerConfig, progress: Callable[..., None] = lambda shard=None: None):
+        self.config = config
+        self.progress = progress
+
+    def open_ahead(self, shards: Sequence[int]):
+        """Openers of these shards, in order, the next ones opened ahead (close it when done)."""
+        cfg = self.config
+        return read_ahead([cfg.urls[s] for s in shards], cfg.storage, [cfg.byte_sizes[s] for s in shards])
+
+    def samples(
+        self,
+        shard: int,
+        opener,
+        index: Callable[[int], int],
+        start: int = 0,
+        stop: Optional[int] = None,
+        select: Optional[Callable[[int], bool]] = None,
+    ) -> Iterator[Union[tuple, ShardFailed]]:
+        """``(position in shard, Packed | Skipped)`` of the shard's samples ``[start, stop)`` that
+        ``select`` (by position) keeps, in order; ``index(position)`` is a sample's ``__index__``.
+        With ``stop`` given, a shard holding fewer samples is a ``ShardFormatError``. Under
+        ``on_error="skip"`` a shard that fails ends with a ``ShardFailed``."""
+        url = self.config.urls[shard]
+        self.progress(shard)
+        first = start  # a second attempt (from the server) starts after the samples passed on
+        try:
+            for attempt in read_attempts(opener):
+                with attempt as stream:
+                    for position, item in self._read(shard, stream, index, first, stop, select):
+                        first = position + 1
+                        yield position, item
+                    return
+        except READ_ERRORS as exc:
+            error = shard_error(url, exc)
+            if not self.config.skips:
+                raise error from (None if error is exc else exc)
+            log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)
+            yield ShardFailed(url, error.detail)
+
+    def _read(self, shard, stream, index, start, stop, select):
+        layout, url = self.config.layout, self.config.urls[shard]
+        reader = TarReader(stream, url)
+        for sample in reader.samples(layout.extensions, start=start, stop=stop, into=layout.destination, select=select):
+            self.progress()
+            try:
+                item: Item = layout.pack(sample, index(sample.position))
+            except ShardError as exc:
+                if not self.config.skips:
+                    raise
+                item = Skipped(index(sample.position), url, sample.key, exc.detail)
+                log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
+            yield sample.position, item
+        if stop is not None and reader.samples_seen < stop:
+            raise ShardFormatError(
+                url,
+                f"holds fewer samples than the {self.config.spec.shard_sizes[shard]} planned "
+                f"(sample {reader.samples_seen} is missing)",
+                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
+                "or restart so it is scanned again",
+            )

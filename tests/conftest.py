@@ -1,12 +1,22 @@
-import os
+"""Fixtures shared by every tier, and the tiers' markers: a test's folder (unit/, pipeline/,
+integration/) is its marker, so ``pytest -m "not integration"`` or ``pytest tests/unit`` pick a
+tier. A run of only unit tests fails if anything imported DALI: that tier must stay pure."""
 
-import numpy as np
+import os
+import sys
+
 import pytest
 
 from dali_shards.sample_data import DEFAULT_SHARD_SIZES, write_sample_shards
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
-MNIST = os.path.join(DATA, "wds-sample-mnist.tgz")
+TIERS = ("unit", "pipeline", "integration")
+
+
+@pytest.fixture(scope="session")
+def mnist_shard():
+    """A third-party WebDataset shard (gzipped tar) from WebDataset's test data."""
+    return os.path.join(DATA, "wds-sample-mnist.tgz")
 
 
 @pytest.fixture(scope="session")
@@ -21,25 +31,18 @@ def photo_shards(tmp_path_factory):
     }
 
 
-def as_numpy(tensor_list):
-    """A DALI TensorList (CPU or GPU) as a list of numpy arrays."""
-    if hasattr(tensor_list, "as_cpu"):
-        tensor_list = tensor_list.as_cpu()
-    return [np.array(tensor_list[i]) for i in range(len(tensor_list))]
+def _tier(item) -> str:
+    parts = os.path.relpath(str(item.path), os.path.dirname(__file__)).split(os.sep)
+    return parts[0] if parts[0] in TIERS else "unit"
 
 
-def run_epochs(pipe, epochs):
-    """Per epoch, the list of steps; each step a tuple of outputs as lists of numpy arrays."""
-    pipe.build()
-    result = []
-    for _ in range(epochs):
-        steps = []
-        while True:
-            try:
-                outs = pipe.run()
-            except StopIteration:
-                break
-            steps.append(tuple(as_numpy(o) for o in outs))
-        pipe.reset()
-        result.append(steps)
-    return result
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, _tier(item)))
+    config._dali_shards_unit_only = bool(items) and all(_tier(i) == "unit" for i in items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if getattr(session.config, "_dali_shards_unit_only", False) and "nvidia.dali" in sys.modules:
+        print("\nERROR: a unit test imported nvidia.dali; unit tests must not need DALI", file=sys.stderr)
+        session.exitstatus = 1

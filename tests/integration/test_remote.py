@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import run_epochs
+from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pipeline
 from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main

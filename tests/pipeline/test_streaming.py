@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_epochs
+from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, pipeline_info, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards

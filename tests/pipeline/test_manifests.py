@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import run_epochs
+from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
 from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
 from dali_shards.options import StorageOptions

@@ -11,7 +11,7 @@ import webdataset as wds
 from nvidia.dali import types
 from PIL import Image
 
-from conftest import MNIST, run_epochs
+from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
 from dali_shards.world import gpu_available
 from dali_shards.sample_data import sample_images
@@ -164,11 +164,11 @@ def test_start_epoch_continues_the_schedule(photo_shards):
     assert [int(i) for s in run[2] for i in s[0]] == [int(i) for s in later[0] for i in s[0]]
 
 
-def test_third_party_shard_matches_webdataset(workers):
-    want = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(MNIST, shardshuffle=False)}
+def test_third_party_shard_matches_webdataset(workers, mnist_shard):
+    want = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(mnist_shard, shardshuffle=False)}
 
     @sharded_pipeline(
-        MNIST,
+        mnist_shard,
         fields=("png", "cls", "__key__", "__valid__"),
         batch_size=8,
         py_num_workers=workers,

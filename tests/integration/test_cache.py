@@ -14,7 +14,7 @@ import time
 import pytest
 
 import dali_shards
-from conftest import run_epochs
+from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ShardFormatError, sharded_pipeline
 from dali_shards.io.cache import ShardCache
 from dali_shards.options import StorageOptions

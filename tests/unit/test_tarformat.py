@@ -75,7 +75,7 @@ def test_samples_match_webdataset(tmp_path, fmt, mode, suffix):
 
 
 def test_third_party_shard_matches_webdataset():
-    path = os.path.join(os.path.dirname(__file__), "data", "wds-sample-mnist.tgz")
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-sample-mnist.tgz")
     got = ours(path)
     assert len(got) == 90
     assert got == theirs(path)

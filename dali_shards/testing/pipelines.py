@@ -1,0 +1,31 @@
+"""Running a pipeline's epochs to the end, for tests and benchmarks (imports DALI when called)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import numpy as np
+
+
+def as_numpy(tensor_list: Any) -> List[np.ndarray]:
+    """A DALI TensorList (CPU or GPU) as a list of numpy arrays."""
+    if hasattr(tensor_list, "as_cpu"):
+        tensor_list = tensor_list.as_cpu()
+    return [np.array(tensor_list[i]) for i in range(len(tensor_list))]
+
+
+def run_epochs(pipe: Any, epochs: int) -> List[List[tuple]]:
+    """Per epoch, the list of steps; each step a tuple of outputs as lists of numpy arrays."""
+    pipe.build()
+    result = []
+    for _ in range(epochs):
+        steps = []
+        while True:
+            try:
+                outs = pipe.run()
+            except StopIteration:
+                break
+            steps.append(tuple(as_numpy(o) for o in outs))
+        pipe.reset()
+        result.append(steps)
+    return result

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from dali_shards.catalog.manifest import ShardInfo
-from dali_shards.options import OnError, ShardedOptions
-from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
-from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.options import OnError
+from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan
 from dali_shards.plan.resume import make_state
 from dali_shards.pipeline.resolve import Resolved
 from dali_shards.worker.control import ControlBlock
-from dali_shards.worker.layout import SampleLayout
+
+
+def _resolved(name: str, doc: str = "") -> Any:
+    """A read-only attribute of the info that is the resolved pipeline's attribute ``name``."""
+    return property(lambda self: getattr(self.resolved, name), doc=doc or f"``resolved.{name}``")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,42 +34,20 @@ class ShardedPipelineInfo:
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     plan_version: int = PLAN_VERSION
 
-    @property
-    def options(self) -> ShardedOptions:
-        return self.resolved.options
-
-    @property
-    def spec(self) -> PlanSpec:
-        return self.resolved.spec
-
-    @property
-    def rank(self) -> int:
-        return self.resolved.rank
-
-    @property
-    def start_epoch(self) -> int:
-        return self.resolved.start_epoch
-
-    @property
-    def shards(self) -> Tuple[ShardInfo, ...]:
-        return self.resolved.shards
-
-    @property
-    def layout(self) -> SampleLayout:
-        return self.resolved.layout
-
-    @property
-    def resume_plan(self) -> Optional[EpochPlan]:
-        return self.resolved.resume_plan
+    # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
+    # layout, resume_plan and streaming spec (None in the planned mode), as attributes
+    options = _resolved("options")
+    spec = _resolved("spec")
+    rank = _resolved("rank")
+    start_epoch = _resolved("start_epoch")
+    shards = _resolved("shards")
+    layout = _resolved("layout")
+    resume_plan = _resolved("resume_plan")
+    streaming = _resolved("streaming", "the streaming mode's spec (None: planned mode)")
 
     @property
     def on_error(self) -> OnError:
         return self.resolved.options.on_error
-
-    @property
-    def streaming(self) -> Optional[StreamingSpec]:
-        """The streaming (resampled) mode's spec, None in the planned mode."""
-        return self.resolved.streaming
 
     @property
     def steps_per_epoch(self) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -309,27 +309,8 @@ class EpochPlan:
         return np.setdiff1d(everything, self.consumed(steps), assume_unique=True)
 
 
-def plan_epoch(
-    shard_sizes: Sequence[int],
-    *,
-    epoch: int,
-    world_size: int = 1,
-    num_workers: int = 1,
-    batch_size: int = 1,
-    seed: int = option_default("seed"),
-    shuffle: bool = option_default("shuffle"),
-    last_batch: str = option_default("last_batch"),
-    shuffle_buffer: int = option_default("shuffle_buffer"),
-) -> EpochPlan:
-    """The plan of one epoch (see the module docstring)."""
-    spec = PlanSpec(
-        tuple(shard_sizes),
-        world_size=world_size,
-        num_workers=num_workers,
-        batch_size=batch_size,
-        seed=seed,
-        shuffle=shuffle,
-        last_batch=last_batch,
-        shuffle_buffer=shuffle_buffer,
-    )
-    return spec.epoch(epoch)
+def plan_epoch(shard_sizes: Sequence[int], *, epoch: int, **spec: Any) -> EpochPlan:
+    """The plan of one epoch (see the module docstring); ``spec`` holds ``PlanSpec``'s keywords
+    (``world_size``, ``num_workers``, ``batch_size``, ``seed``, ``shuffle``, ``last_batch``,
+    ``shuffle_buffer``)."""
+    return PlanSpec(tuple(shard_sizes), **spec).epoch(epoch)

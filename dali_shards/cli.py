@@ -135,13 +135,15 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from dali_shards.tools.dali_index import write_dali_index
+    from dali_shards.tools.dali_index import check_distinct_index_paths, write_dali_index
 
     config = _storage(args)
     urls = _expand_all(args.patterns, config)
     manifest = args.manifest or _default_manifest(urls)
     remote = any(is_remote(u) for u in urls)
     no_idx = args.no_idx or remote  # DALI's reader reads local files only
+    if not no_idx:
+        check_distinct_index_paths(urls)
 
     def index(url: str) -> ShardInfo:
         return scan_shard(url, config=config) if no_idx else write_dali_index(url)
@@ -169,9 +171,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
         return 1 if report["unreadable_shards"] else 0
     print(f"{report['shards']} shards, {report['samples']} samples, {_human(report['bytes'])}")
-    counts = [s["samples"] for s in report["per_shard"]]
-    if counts:
-        print(f"samples per shard: min {min(counts)}, max {max(counts)}, empty {len(report['empty_shards'])}")
+    counts = [s["samples"] for s in report["per_shard"] if not s["error"]]  # unreadable shards count nothing
+    bad = len(report["unreadable_shards"])
+    if counts or bad:
+        spread = f"min {min(counts)}, max {max(counts)}, " if counts else ""
+        print(f"samples per readable shard: {spread}empty {len(report['empty_shards'])}, unreadable {bad}")
     print(f"{'field':12} {'samples':>9} {'missing':>8} {'size min / p50 / p90 / p99 / max':>40}")
     for ext, f in report["fields"].items():
         sizes = " / ".join(_human(v) for v in f["size_min_p50_p90_p99_max"])

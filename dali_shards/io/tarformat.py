@@ -12,13 +12,24 @@ members nobody asked for (seeking when the stream allows it).
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional, Tuple
 
 from dali_shards.errors import ShardFormatError
+from dali_shards.io.tarheader import (
+    BLOCK,
+    SPARSE_HINT,
+    check_header,
+    check_not_sparse,
+    decode_name,
+    header_name,
+    parse_number,
+    parse_pax,
+    pax_size,
+    printable,
+)
 
-BLOCK = 512
+READ_CHUNK = 16 << 20  # a member is read at most this much at a time: memory follows the bytes present
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
 _REGULAR_FLAGS = frozenset(b"0\x007")  # regular file ("0", NUL) and contiguous file ("7")
@@ -73,7 +84,6 @@ class RawSample:
 Destination = Callable[[RawSample, str, int], Optional[Any]]
 
 _TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-create it"
-_CORRUPT_HINT = "the shard is damaged or is not a tar archive; re-create or re-download it"
 
 
 class TarReader:
@@ -94,7 +104,8 @@ class TarReader:
 
     # -- low level -----------------------------------------------------------------------
     def _read_exact(self, n: int, what: str) -> bytes:
-        data = self._read(n)
+        self._check_present(n, what)
+        data = self._read(n) if n <= READ_CHUNK else self._read_chunks(n)
         if len(data) != n:
             raise ShardFormatError(
                 self.url,
@@ -103,6 +114,28 @@ class TarReader:
             )
         self._pos += n
         return data
+
+    def _read_chunks(self, n: int) -> bytes:
+        """Up to ``n`` bytes, read a chunk at a time (a size field larger than the data allocates
+        no more than the data)."""
+        parts, got = [], 0
+        while got < n:
+            chunk = self._read(min(n - got, READ_CHUNK))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def _check_present(self, n: int, what: str) -> None:
+        """ShardFormatError if a seekable shard is too short for ``n`` more bytes."""
+        if self._size is not None and self._pos + n > self._size:
+            raise ShardFormatError(
+                self.url,
+                f"truncated tar archive: {what} needs {n} bytes at byte {self._pos}, but the shard ends at "
+                f"byte {self._size}",
+                hint=_TRUNCATED_HINT,
+            )
 
     def _skip(self, n: int, what: str) -> None:
         if n <= 0:
@@ -126,100 +159,52 @@ class TarReader:
             self._pos += len(chunk)
             n -= len(chunk)
 
-    def _number(self, field_: bytes, what: str, offset: int) -> int:
-        if field_ and field_[0] & 0x80:  # GNU base-256 encoding for large values
-            value = int.from_bytes(field_[1:], "big")
-            if field_[0] & 0x40:
-                value -= 1 << (8 * len(field_) - 1)
-            return value
-        try:
-            return int(field_.split(b"\0", 1)[0].strip() or b"0", 8)
-        except ValueError:
-            raise ShardFormatError(
-                self.url,
-                f"corrupt tar header at byte {offset}: the {what} field {field_!r} is not a number",
-                hint=_CORRUPT_HINT,
-            ) from None
-
-    def _check_header(self, hdr: bytes, offset: int) -> None:
-        chk = hdr[148:156]
-        stored = self._number(chk, "checksum", offset)
-        # The checksum is the byte sum with the checksum field read as spaces. Adler-32's low half
-        # is that sum mod 65521 (computed in C); one damaged byte moves the sum by at most 255, so
-        # it cannot hide. On a mismatch, check exactly (unsigned, or signed as old tars wrote it).
-        if ((zlib.adler32(hdr) & 0xFFFF) - 1 - sum(chk) + 256 - stored) % 65521:
-            unsigned = sum(hdr) - sum(chk) + 256
-            signed = unsigned - 256 * sum(1 for b in hdr if b > 127) + 256 * sum(1 for b in chk if b > 127)
-            if stored not in (unsigned, signed):
-                raise ShardFormatError(
-                    self.url,
-                    f"corrupt tar header at byte {offset}: checksum mismatch (stored {stored}, computed {unsigned})",
-                    hint=_CORRUPT_HINT,
-                )
-
-    def _pax(self, size: int) -> dict:
+    def _pax(self, size: int, offset: int) -> dict:
         raw = self._read_exact(size, "pax header")
         self._skip(-size % BLOCK, "pax header padding")
-        out = {}
-        pos = 0
-        while pos < len(raw):
-            sp = raw.find(b" ", pos)
-            if sp < 0:
-                break
-            try:
-                length = int(raw[pos:sp])
-            except ValueError:
-                break
-            record = raw[sp + 1 : pos + length - 1]
-            k, _, v = record.partition(b"=")
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-            pos += length
-        return out
+        return parse_pax(self.url, raw, offset)
 
     # -- members -------------------------------------------------------------------------
     def next_member(self) -> Optional[Member]:
-        """The next regular member (positioned at its data), or None at the end of the archive."""
+        """The next regular member (positioned at its data), or None at the end-of-archive marker.
+        A shard that ends without one (empty, or cut at a member boundary) is truncated."""
         long_name: Optional[str] = None
         pax: Optional[dict] = None
         while True:
             offset = self._pos
             hdr = self._read(BLOCK)
             if len(hdr) != BLOCK:
-                if not hdr:
-                    return None  # end of stream without end-of-archive blocks: accepted, as tarfile does
-                raise ShardFormatError(
-                    self.url,
-                    f"truncated tar archive: partial header of {len(hdr)} bytes at byte {offset}",
-                    hint=_TRUNCATED_HINT,
+                what = "the shard is empty" if offset == 0 and not hdr else (
+                    f"it ends at byte {offset + len(hdr)} without the end-of-archive marker"
                 )
+                raise ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
             self._pos = offset + BLOCK
             if hdr[0] == 0 and hdr.count(0) == BLOCK:
                 return None  # end-of-archive marker
-            self._check_header(hdr, offset)
+            check_header(self.url, hdr, offset)
             typeflag = hdr[156]
-            size = self._number(hdr[124:136], "size", offset)
+            size = parse_number(self.url, hdr[124:136], "size", offset)
             if typeflag in _REGULAR_FLAGS:
-                if pax is not None and "size" in pax:
-                    size = int(pax["size"])
-                if long_name is not None:
-                    name = long_name
-                elif pax is not None and "path" in pax:
-                    name = pax["path"]
-                else:
-                    name = hdr[0:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-                    if hdr[257:263] == b"ustar\0" and hdr[345]:
-                        name = hdr[345:500].split(b"\0", 1)[0].decode("utf-8", "replace") + "/" + name
+                name = long_name if long_name is not None else (pax or {}).get("path") or header_name(hdr)
+                if pax is not None:
+                    check_not_sparse(self.url, pax, name, offset)
+                    if "size" in pax:
+                        size = pax_size(self.url, pax, name, offset)
+                if size < 0:
+                    raise ShardFormatError(self.url, f"member {printable(name)!r}: negative size", hint=_TRUNCATED_HINT)
+                self._check_present(size, f"member {printable(name)!r}")
                 return Member(name, offset, size)
             if typeflag == 76:  # "L": GNU long name of the next member
-                long_name = self._read_exact(size, "long name").split(b"\0", 1)[0].decode("utf-8", "replace")
+                long_name = decode_name(self._read_exact(size, "long name").split(b"\0", 1)[0])
                 self._skip(-size % BLOCK, "long name padding")
             elif typeflag == 120:  # "x": POSIX pax extended header of the next member
-                pax = self._pax(size)
+                pax = self._pax(size, offset)
             elif typeflag == 83:  # "S"
                 raise ShardFormatError(
                     self.url,
-                    f"unsupported GNU sparse member at byte {offset}",
-                    hint="write shards without --sparse (e.g. with `dali-shards write` or tarfile)",
+                    f"member {printable(header_name(hdr))!r} at byte {offset} is a GNU sparse file, which is not "
+                    "supported",
+                    hint=SPARSE_HINT,
                 )
             else:  # directories, links, devices, global pax headers: no sample data
                 long_name, pax = None, None
@@ -318,7 +303,8 @@ class TarReader:
                 continue
             current.extensions.append(ext)
             if read and taking and (want is None or ext in want):
-                buffer = into(current, ext, member.size) if into is not None else None
+                big = not self._seekable and member.size > READ_CHUNK  # size not checked yet: read, then copy
+                buffer = into(current, ext, member.size) if into is not None and not big else None
                 current.data[ext] = read_data(member) if buffer is None else read_into(member, buffer)
             else:
                 skip_data(member)

@@ -8,9 +8,11 @@ for each of its members. With it, DALI's reader opens the same shards without sc
 from __future__ import annotations
 
 import os
-from typing import Optional
+import threading
+from typing import Dict, Optional, Sequence
 
-from dali_shards.errors import ShardFormatError
+from dali_shards.catalog.sources import SHARD_SUFFIXES
+from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarformat import BLOCK, TarReader
@@ -19,10 +21,25 @@ INDEX_VERSION = "v1.2"
 
 
 def index_path_for(url: str) -> str:
-    """Where the index of a shard goes: beside it, named like the shard up to its first dot."""
+    """Where the index of a shard goes: beside it, named like the shard without its tar suffix
+    (``train.000.tar`` -> ``train.000.idx``)."""
     path = local_path(url) or url
-    folder, name = os.path.split(path)
-    return os.path.join(folder, name.split(".", 1)[0] + ".idx")
+    for suffix in SHARD_SUFFIXES:
+        if path.endswith(suffix):
+            return path[: -len(suffix)] + ".idx"
+    return path + ".idx"
+
+
+def check_distinct_index_paths(urls: Sequence[str]) -> None:
+    """ConfigError if two shards would share an index file (e.g. ``a.tar`` and ``a.tgz``)."""
+    seen: Dict[str, str] = {}
+    for url in urls:
+        other = seen.setdefault(index_path_for(url), url)
+        if other != url:
+            raise ConfigError(
+                f"shards {other!r} and {url!r} would share the index file {index_path_for(url)!r}; "
+                "rename one of them or pass --no-idx"
+            )
 
 
 def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
@@ -52,7 +69,7 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
             "has member names with spaces, which DALI's index format cannot hold",
             hint="rename the members or pass --no-idx",
         )
-    tmp = f"{idx_path}.tmp{os.getpid()}"
+    tmp = f"{idx_path}.tmp{os.getpid()}.{threading.get_ident()}"  # several threads index at once
     with open(tmp, "w") as f:
         f.write(f"{INDEX_VERSION} {len(samples)}\n")
         for sample in samples:

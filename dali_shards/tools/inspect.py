@@ -97,7 +97,7 @@ def inspect_shards(
         "bytes": sum(r.bytes or 0 for r in reports),
         "empty_shards": [r.url for r in reports if r.samples == 0 and not r.error],
         "unreadable_shards": [{"url": r.url, "error": r.error} for r in reports if r.error],
-        "per_shard": [{"url": r.url, "samples": r.samples, "bytes": r.bytes} for r in reports],
+        "per_shard": [{"url": r.url, "samples": r.samples, "bytes": r.bytes, "error": r.error} for r in reports],
         "fields": fields,
         "duplicate_keys": len(duplicates),
         "duplicate_examples": duplicates[:EXAMPLES],

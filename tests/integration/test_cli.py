@@ -158,6 +158,29 @@ def test_index_writes_manifest_and_dali_index(tmp_path):
     assert [int(bytes(np.array(c))) for c in cls] == labels[:11]
 
 
+def test_index_names_idx_files_by_the_full_stem(tmp_path):
+    """train.000.tar and train.001.tar get train.000.idx and train.001.idx, 16 shards on 8 threads."""
+    from dali_shards.tools.writer import write_shard
+
+    for i in range(16):
+        write_shard(str(tmp_path / f"train.{i:03d}.tar"), [{"__key__": f"k{i}-{j}", "cls": str(j)} for j in range(i % 3 + 1)])
+    assert cli("index", tmp_path / "train.*.tar", "--threads", "8", "--quiet") == 0
+    for i in range(16):
+        lines = open(tmp_path / f"train.{i:03d}.idx").read().splitlines()
+        assert lines[0] == f"v1.2 {i % 3 + 1}"
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert [s.samples for s in read_manifest(str(tmp_path / "manifest.json"))] == [i % 3 + 1 for i in range(16)]
+
+
+def test_index_refuses_two_shards_sharing_an_index_file(tmp_path, capsys):
+    from dali_shards.tools.writer import write_shard
+
+    write_shard(str(tmp_path / "a.tar"), [{"__key__": "x", "cls": "1"}])
+    write_shard(str(tmp_path / "a.tar.gz"), [{"__key__": "y", "cls": "1"}])
+    assert cli("index", tmp_path / "a.tar", tmp_path / "a.tar.gz") == 2
+    assert "would share the index file" in capsys.readouterr().err
+
+
 def test_index_refuses_compressed_shards_for_dali(tmp_path, capsys):
     from dali_shards.tools.writer import write_shard
 

@@ -201,7 +201,7 @@ class SampleLayout:
         if ext in self._payload_exts:
             return np.empty(size, dtype=np.uint8)
         if ext in self._placed_exts and sample.extra is None:
-            key_bytes = len(sample.key.encode("utf-8")) if self._has_key else 0
+            key_bytes = len(sample.key.encode("utf-8", "surrogateescape")) if self._has_key else 0
             blob = np.empty(self.header_bytes + size + key_bytes, dtype=np.uint8)
             sample.extra = (ext, size, blob)
             return blob[self.header_bytes : self.header_bytes + size]
@@ -219,7 +219,7 @@ class SampleLayout:
         for spec in self.fields:
             kind = spec.kind
             if kind == "key":
-                parts.append((spec.slot, sample.key.encode("utf-8")))
+                parts.append((spec.slot, sample.key.encode("utf-8", "surrogateescape")))
             elif kind == "payload":
                 data = self._member(sample, spec)
                 payload = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
@@ -328,13 +328,18 @@ class SampleLayout:
 
     @staticmethod
     def _parse_int(sample: RawSample, spec: FieldSpec, data) -> int:
+        text = bytes(data)[:64].strip()  # an int64 has at most 20 characters
         try:
-            return int(bytes(data).strip())
+            value = int(text)
         except ValueError:
+            value = None
+        if value is None or not -(1 << 63) <= value < (1 << 63):
+            what = "a text integer" if value is None else "an integer that fits in 64 bits"
             raise ShardFormatError(
                 sample.url,
-                f"field {spec.name!r} must hold a text integer, got {bytes(data)[:40]!r}",
+                f"field {spec.name!r} must hold {what}, got {bytes(data)[:40]!r}",
                 key=sample.key,
                 hint="write class labels as decimal text (e.g. b'281'), or request the field as bytes "
                 "under another extension",
-            ) from None
+            )
+        return value

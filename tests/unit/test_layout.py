@@ -71,6 +71,20 @@ def test_round_trip_of_every_field_kind(kw):
     assert unpack(layout, pad)[:4] == unpack(layout, packed)[:4]
 
 
+@pytest.mark.parametrize("table", [False, True])
+def test_keys_with_invalid_utf8_travel_as_their_bytes(table):
+    layout = SampleLayout(("cls", "__key__"), table=table)
+    key = b"caf\xe9".decode("utf-8", "surrogateescape")
+    assert unpack(layout, layout.pack(sample(key=key, cls=b"1"), index=0)) == [1, b"caf\xe9"]
+
+
+@pytest.mark.parametrize("text", [b"99999999999999999999999", b"-9223372036854775809", b"1" * 5000])
+def test_a_label_beyond_64_bits_is_a_shard_format_error(text):
+    with pytest.raises(ShardFormatError, match="must hold") as err:
+        SampleLayout(("cls",)).pack(sample(key="big", cls=text), index=0)
+    assert err.value.key == "big" and err.value.url == "shard-0.tar"
+
+
 @pytest.mark.parametrize("kw", LAYOUTS)
 def test_a_table_holds_a_whole_mini_batch(kw):
     layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)

@@ -16,7 +16,6 @@ from dali_shards.plan.audit import EpochRecord, expected_indices, gather, summar
 from dali_shards.world import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, WorkerError, from_worker
 from dali_shards.pipeline.decorator import pipeline_info
-from dali_shards.plan.resume import resume_point
 from dali_shards.pipeline.supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
 
 log = logging.getLogger(__name__)
@@ -138,7 +137,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def load_state_dict(self, state: Dict) -> None:
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
-        resume_point(self.info.spec, state)  # refuse an incompatible state before stopping anything
+        self.info.resume_point(state)  # refuse an incompatible state before stopping anything
         rebuild = self.info.rebuild
         if self._watchdog is not None:
             self._watchdog.stop()

@@ -23,9 +23,11 @@ from dali_shards.world import check_start_method, default_device_id
 _TAG_PIPELINE_SEED = 0x4155_4720
 
 
-def pipeline_seed(seed: int, rank: int) -> int:
-    """DALI's seed for random operators: fixed by (seed, rank), different on every rank."""
-    state = np.random.SeedSequence([seed & MASK64, rank, _TAG_PIPELINE_SEED]).generate_state(1)
+def pipeline_seed(seed: int, rank: int, epoch: int = 0, step: int = 0) -> int:
+    """DALI's seed for random operators: fixed by (seed, rank, the epoch and step the pipeline
+    starts at), different on every rank, and for a resumed pipeline different from the start's,
+    so that a resumed run draws new augmentations instead of replaying those of step 0."""
+    state = np.random.SeedSequence([seed & MASK64, rank, epoch, step, _TAG_PIPELINE_SEED]).generate_state(1)
     return int(state[0] & 0x7FFF_FFFF)
 
 
@@ -57,7 +59,7 @@ def build_sharded_pipeline(
     kwargs = {
         "batch_size": options.batch_size,
         "py_num_workers": options.py_num_workers,
-        "seed": pipeline_seed(options.seed, resolved.rank),
+        "seed": pipeline_seed(options.seed, resolved.rank, resolved.start_epoch, resolved.steps_before),
     }
     if "device_id" not in pipeline_kwargs:
         kwargs["device_id"] = default_device_id()

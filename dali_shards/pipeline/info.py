@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dali_shards.options import OnError
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan
-from dali_shards.plan.resume import make_state
+from dali_shards.plan.resume import make_state, resume_point
 from dali_shards.pipeline.resolve import Resolved
 from dali_shards.worker.control import ControlBlock
 
@@ -69,6 +69,10 @@ class ShardedPipelineInfo:
         resumed = self.resume_plan
         return list(self.resolved.resume_prior) if resumed is not None and resumed.epoch == epoch else []
 
+    def resume_point(self, state: Dict[str, Any]) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
+        """Where this pipeline would resume ``state`` (a ConfigError if it cannot)."""
+        return resume_point(self.spec, state, self.resolved.dataset)
+
     def state(self, epoch: int, steps: int) -> Dict[str, Any]:
         """The resumable state after ``steps`` batches of ``epoch`` (counted from its plan's step 0)."""
-        return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps)
+        return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps, self.resolved.dataset)

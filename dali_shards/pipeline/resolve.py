@@ -18,6 +18,7 @@ from dali_shards.options import ShardedOptions
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
 from dali_shards.plan.resume import resume_point
+from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import SampleLayout
@@ -39,6 +40,7 @@ class Resolved:
     world_size: int
     rank: int
     shards: Tuple[ShardInfo, ...]
+    dataset: DatasetId
     layout: SampleLayout
     spec: PlanSpec
     streaming: Optional[StreamingSpec]
@@ -47,6 +49,12 @@ class Resolved:
     resume_prior: Tuple[Dict[str, Any], ...]
     workers: Tuple[WorkerConfig, ...]
     bytes_per_sample_hint: Optional[int]
+
+    @property
+    def steps_before(self) -> int:
+        """Steps of ``start_epoch`` taken before this pipeline (by a resumed state's layouts)."""
+        done = sum(int(entry["steps"]) for entry in self.resume_prior)
+        return done + (self.resume_plan.start_step if self.resume_plan is not None else 0)
 
     def with_control(self, path: Optional[str]) -> "Resolved":
         """The same, with every worker attached to the control block at ``path``."""
@@ -85,12 +93,13 @@ def resolve(options: ShardedOptions) -> Resolved:
                 len(shards),
                 streaming.num_virtual_workers,
             )
-        spec = streaming.as_plan_spec()
+        spec = streaming.as_plan_spec(options.shuffle_buffer)
     else:
         spec = PlanSpec(tuple(s.samples for s in shards), shuffle_buffer=options.shuffle_buffer, **common)
+    dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     if options.resume_from is not None:
-        start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from))
+        start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset)
     first_steps = None
     if streaming is not None and resume_plan is not None:
         first_steps = resume_plan.steps - resume_plan.start_step
@@ -118,6 +127,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         world_size=world_size,
         rank=rank,
         shards=shards,
+        dataset=dataset,
         layout=layout,
         spec=spec,
         streaming=streaming,

@@ -68,17 +68,19 @@ class StreamingSpec(BatchLayout):
         perm = permutation(len(owned), TAG_CYCLE, self.seed, v, cycle)
         return [owned[i] for i in perm]
 
-    def as_plan_spec(self) -> PlanSpec:
+    def as_plan_spec(self, shuffle_buffer: int) -> PlanSpec:
         """A plan of the same steps in which every slot is valid: one run of ``quota`` samples per
-        virtual worker (used for step counts, masks and resume state)."""
+        virtual worker (used for step counts, masks and resume state, which records the real seed,
+        shuffle and ``shuffle_buffer``)."""
         return PlanSpec(
             (self.quota,) * self.num_virtual_workers,
             world_size=self.world_size,
             num_workers=self.num_workers,
             batch_size=self.batch_size,
             seed=self.seed,
-            shuffle=False,
+            shuffle=self.shuffle,
             last_batch=LastBatch.PAD,
+            shuffle_buffer=shuffle_buffer,
         )
 
 

@@ -5,42 +5,43 @@ under (world size, workers, batch size, ...) with the steps taken under each. No
 sample lists. The state is the same on every rank (all ranks take the same steps)::
 
     {"format": "dali-shards-state", "plan_version": 1,
-     "dataset": {"shards": 128, "samples": 1281167, "fingerprint": "3f1c..."},
+     "dataset": {"shards": 128, "samples": 1281167, "fingerprint": "3f1c...", "names": "9e02...",
+                 "name_set": "77ab...", "bytes": "c4d1..."},
      "seed": 42, "shuffle": true, "epoch": 7,
      "history": [{"world_size": 8, "num_workers": 4, "batch_size": 256, "last_batch": "pad",
                   "shuffle_buffer": 1024, "steps": 311}]}
 
-Resuming under the same layout continues every worker's order where it stopped (the epoch comes out
+The ``dataset`` entry identifies the shards (see ``statecheck``); a state is checked field by field
+before it is used. Resuming under the same layout continues every worker's order where it stopped (the epoch comes out
 as if never interrupted); under another layout the samples not yet delivered are planned anew over
 the new ranks and workers, and later epochs follow the new layout.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Dict, List, Optional, Tuple
 
 from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
-
-STATE_FORMAT = "dali-shards-state"
-LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer")
+from dali_shards.plan.statecheck import LAYOUT_KEYS, STATE_FORMAT, DatasetId, check_state_shape
 
 
 def layout_of(spec: PlanSpec) -> Dict[str, Any]:
-    return {k: getattr(spec, k) for k in LAYOUT_KEYS}
+    return {k: (getattr(spec, k).value if k == "last_batch" else getattr(spec, k)) for k in LAYOUT_KEYS}
 
 
-def fingerprint(shard_sizes) -> str:
-    """Identifies a dataset by its shard sizes (in order)."""
-    return hashlib.sha1(json.dumps(list(shard_sizes)).encode()).hexdigest()[:16]
-
-
-def make_state(spec: PlanSpec, epoch: int, prior: List[Dict[str, Any]], plan: EpochPlan, steps: int) -> Dict[str, Any]:
+def make_state(
+    spec: PlanSpec,
+    epoch: int,
+    prior: List[Dict[str, Any]],
+    plan: EpochPlan,
+    steps: int,
+    dataset: Optional[DatasetId] = None,
+) -> Dict[str, Any]:
     """The state after ``steps`` batches of ``plan`` (counted from the plan's step 0), the plan
     running in ``epoch`` after the ``prior`` layouts of that epoch. At the end of an epoch the
-    state is the start of the next one."""
+    state is the start of the next one. ``dataset`` identifies the shards (default: by the plan's
+    shard sizes alone, unnamed)."""
     if steps >= plan.steps:
         epoch, history = epoch + 1, []
     elif steps == 0 and not prior and plan.subset is None:
@@ -50,11 +51,7 @@ def make_state(spec: PlanSpec, epoch: int, prior: List[Dict[str, Any]], plan: Ep
     return {
         "format": STATE_FORMAT,
         "plan_version": PLAN_VERSION,
-        "dataset": {
-            "shards": len(spec.shard_sizes),
-            "samples": spec.num_samples,
-            "fingerprint": fingerprint(spec.shard_sizes),
-        },
+        "dataset": (dataset or _unnamed(spec)).record(),
         "seed": spec.seed,
         "shuffle": spec.shuffle,
         "epoch": int(epoch),
@@ -62,43 +59,40 @@ def make_state(spec: PlanSpec, epoch: int, prior: List[Dict[str, Any]], plan: Ep
     }
 
 
-def _check(spec: PlanSpec, state: Dict[str, Any]) -> None:
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ConfigError("not a dali_shards state (expected the dict from DALIShardedIterator.state_dict())")
-    if state.get("plan_version") != PLAN_VERSION:
+def _unnamed(spec: PlanSpec) -> DatasetId:
+    return DatasetId(tuple(str(i) for i in range(len(spec.shard_sizes))), spec.shard_sizes)
+
+
+def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) -> None:
+    state = check_state_shape(state)
+    if state["plan_version"] != PLAN_VERSION:
         raise ConfigError(
-            f"the state was saved with plan version {state.get('plan_version')}, this dali_shards plans with "
+            f"the state was saved with plan version {state['plan_version']}, this dali_shards plans with "
             f"version {PLAN_VERSION}; resume with the dali_shards version that saved it"
         )
-    data = state.get("dataset", {})
-    if data.get("fingerprint") != fingerprint(spec.shard_sizes):
+    (dataset or _unnamed(spec)).check(state["dataset"])
+    if state["seed"] != spec.seed or state["shuffle"] != spec.shuffle:
         raise ConfigError(
-            f"the state was saved for another dataset ({data.get('samples')} samples in {data.get('shards')} "
-            f"shards) than this pipeline reads ({spec.num_samples} samples in {len(spec.shard_sizes)} shards); "
-            "resume with the same shards, in the same order"
-        )
-    if state.get("seed") != spec.seed or bool(state.get("shuffle")) != spec.shuffle:
-        raise ConfigError(
-            f"the state was saved with seed={state.get('seed')}, shuffle={state.get('shuffle')}; this pipeline "
+            f"the state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this pipeline "
             f"has seed={spec.seed}, shuffle={spec.shuffle}: resume with the same seed and shuffle"
         )
 
 
-def resume_point(spec: PlanSpec, state: Dict[str, Any]) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
-    """Where a pipeline with ``spec`` resumes ``state``: the epoch to start at, the plan for that
-    epoch (None for a plain start of it), and the layouts that already ran in that epoch."""
-    _check(spec, state)
+def resume_point(
+    spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId] = None
+) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
+    """Where a pipeline with ``spec`` over ``dataset`` resumes ``state``: the epoch to start at,
+    the plan for that epoch (None for a plain start of it), and the layouts that already ran in
+    that epoch. A malformed state, or one saved for other shards or settings, is a ConfigError."""
+    _check(spec, state, dataset)
     epoch = int(state["epoch"])
     history = list(state.get("history", []))
     if not history:
         return epoch, None, []
     subset = None
     for i, entry in enumerate(history):
-        try:
-            layout = {k: entry[k] for k in LAYOUT_KEYS}
-            steps = int(entry["steps"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"malformed state: history entry {i} needs {LAYOUT_KEYS} and steps") from None
+        layout = {k: entry[k] for k in LAYOUT_KEYS}
+        steps = int(entry["steps"])
         past = EpochPlan(PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **layout), epoch, subset)
         if steps >= past.steps:  # that layout finished the epoch
             return epoch + 1, None, []

@@ -105,6 +105,29 @@ def test_streaming_resume_keeps_the_step_count(served):
         DALIShardedIterator(factory(), ["index", "valid"], audit=True)
 
 
+def test_streaming_state_records_the_dataset_and_the_real_settings(served, tmp_path):
+    url = f"{served.url}/sample-{{000000..000004}}.tar"
+    factory = make(url, batch_size=2, py_num_workers=2, samples_per_epoch=20, shuffle=True, seed=3, shuffle_buffer=7)
+    it = DALIShardedIterator(factory(), ["index", "valid"])
+    for n, _ in enumerate(it):
+        if n == 2:
+            break
+    state = it.state_dict()
+    assert state["shuffle"] is True and state["seed"] == 3 and state["history"][0]["shuffle_buffer"] == 7
+    assert state["dataset"]["shards"] == 5 and state["dataset"]["names"]
+    # another world size resumes the same epoch with the rest of its samples
+    wider = DALIShardedIterator(factory(resume_from=state, world_size=2, rank=0), ["index", "valid"])
+    assert wider.epoch == 0 and len(wider) == -(-(20 - 3 * 2) // 4)
+    # a state of another dataset is refused
+    other = tmp_path / "other"
+    other.mkdir()
+    write_sample_shards(str(other), shard_sizes=(3, 3))
+    elsewhere = make(str(other / "sample-{000000..000001}.tar"), batch_size=2, py_num_workers=2, samples_per_epoch=20,
+                     shuffle=True, seed=3, shuffle_buffer=7)
+    with pytest.raises(ConfigError, match="other shards"):
+        elsewhere(resume_from=state)
+
+
 def test_streaming_worker_with_only_empty_shards_fails_clearly(tmp_path):
     write_sample_shards(str(tmp_path), shard_sizes=(0, 4))
     factory = make(str(tmp_path / "sample-*.tar"), batch_size=2, py_num_workers=2, samples_per_epoch=8)

@@ -122,7 +122,7 @@ def test_states_are_small_and_json():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(sizes=(13, 0, 40, 7, 1, 23)), "another dataset"),
+        (dict(sizes=(13, 0, 40, 7, 1, 23)), "sample counts differ"),
         (dict(seed=6), "seed"),
         (dict(shuffle=False), "shuffle"),
     ],

@@ -1,0 +1,122 @@
+"""Is a resume state well formed, and was it saved for this dataset? Pure, no DALI.
+
+A dataset is identified by its shards in order: their *names* (each URL without the longest
+directory prefix all the shards share, so that a dataset copied to another folder, machine or
+bucket still resumes), their sample counts and, where known, their byte sizes. The state stores
+short hashes of each (a few dozen bytes, whatever the number of shards), so that a refusal can say
+what differs: the order, the shards themselves, their counts or their sizes. States saved before
+names were recorded carry only the hash of the counts: they are accepted with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from dali_shards.errors import ConfigError
+from dali_shards.options import LastBatch
+
+log = logging.getLogger("dali_shards")
+STATE_FORMAT = "dali-shards-state"
+LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer")
+_FIX = "resume with the shards the state was saved for, listed in the same order"
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of a JSON-able value."""
+    return hashlib.sha1(json.dumps(value, separators=(",", ":")).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def relative_names(urls: Sequence[str]) -> Tuple[str, ...]:
+    """The URLs without the longest directory prefix they all share."""
+    cut = os.path.commonprefix(list(urls)).rfind("/") + 1 if urls else 0
+    return tuple(u[cut:] for u in urls)
+
+
+@dataclass(frozen=True)
+class DatasetId:
+    """What identifies a dataset in a resume state: shard names (relative), counts, byte sizes."""
+
+    names: Tuple[str, ...]
+    counts: Tuple[int, ...]
+    byte_sizes: Tuple[Optional[int], ...] = ()
+
+    @classmethod
+    def of(cls, urls: Sequence[str], counts: Sequence[int], byte_sizes: Sequence[Optional[int]] = ()) -> "DatasetId":
+        return cls(relative_names(list(urls)), tuple(int(c) for c in counts), tuple(byte_sizes))
+
+    def record(self) -> Dict[str, Any]:
+        """The ``dataset`` entry of a state."""
+        known = bool(self.byte_sizes) and all(b is not None for b in self.byte_sizes)
+        return {
+            "shards": len(self.counts),
+            "samples": sum(c for c in self.counts if c > 0),
+            "fingerprint": digest(list(self.counts)),
+            "names": digest(list(self.names)),
+            "name_set": digest(sorted(self.names)),
+            "bytes": digest(list(self.byte_sizes)) if known else None,
+        }
+
+    def check(self, recorded: Mapping[str, Any]) -> None:
+        """ConfigError saying what differs unless ``recorded`` (a state's ``dataset``) is this one."""
+        mine = self.record()
+        here = f"{mine['samples']} samples in {mine['shards']} shards"
+        there = f"{recorded.get('samples')} samples in {recorded.get('shards')} shards"
+        if recorded.get("names") is None:  # saved before names were recorded: counts only
+            if recorded.get("fingerprint") != mine["fingerprint"]:
+                raise ConfigError(f"the state was saved for another dataset ({there}) than this pipeline reads ({here}); {_FIX}")
+            log.warning("dali_shards: the resume state records shard counts only, not names: order not checked")
+            return
+        if recorded["names"] != mine["names"]:
+            what = "the same shards in another order" if recorded.get("name_set") == mine["name_set"] else "other shards"
+            raise ConfigError(f"the state was saved for {what} ({there}; this pipeline reads {here}); {_FIX}")
+        if recorded.get("fingerprint") != mine["fingerprint"]:
+            raise ConfigError(
+                f"the shards changed since the state was saved: their sample counts differ ({there}, now {here}); "
+                "the rest of that epoch cannot be told apart: start the epoch again (start_epoch=...)"
+            )
+        if recorded.get("bytes") and mine["bytes"] and recorded["bytes"] != mine["bytes"]:
+            raise ConfigError(
+                "the shards changed since the state was saved: same names and counts, other byte sizes; "
+                "their samples may differ: start the epoch again (start_epoch=...)"
+            )
+
+
+def check_state_shape(state: Any) -> Dict[str, Any]:
+    """The state, if every field has the right type and range; else a ConfigError naming it."""
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise ConfigError("not a dali_shards state (expected the dict from DALIShardedIterator.state_dict())")
+    _want(state, "plan_version", _is_int, "an integer")
+    _want(state, "epoch", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    _want(state, "seed", _is_int, "an integer")
+    _want(state, "shuffle", lambda v: isinstance(v, bool), "true or false")
+    _want(state, "dataset", lambda v: isinstance(v, Mapping), "an object")
+    _want(state["dataset"], "fingerprint", lambda v: isinstance(v, str), "a string", "dataset.")
+    _want(state, "history", lambda v: isinstance(v, list), "a list")
+    for i, entry in enumerate(state["history"]):
+        where = f"history[{i}]."
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"malformed state: history[{i}] must be an object, got {entry!r}")
+        for key in ("world_size", "num_workers", "batch_size", "shuffle_buffer"):
+            _want(entry, key, lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
+        _want(entry, "last_batch", lambda v: isinstance(v, str) and v in {m.value for m in LastBatch}, "'pad' or 'drop'", where)
+        _want(entry, "steps", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
+        if entry["batch_size"] % entry["num_workers"]:
+            raise ConfigError(f"malformed state: {where}batch_size is not a multiple of {where}num_workers")
+    return dict(state)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _want(obj: Mapping[str, Any], key: str, ok, what: str, where: str = "") -> None:
+    if key not in obj:
+        raise ConfigError(f"malformed state: {where}{key} is missing (a dali_shards state_dict() has it)")
+    if not ok(obj[key]):
+        raise ConfigError(f"malformed state: {where}{key} must be {what}, got {obj[key]!r}")

@@ -1,0 +1,123 @@
+"""Resume states: the dataset identity (names, order, counts, sizes) and the shape of every field."""
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dali_shards.errors import ConfigError
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import make_state, resume_point
+from dali_shards.plan.statecheck import DatasetId, relative_names
+
+URLS = [f"/data/train/shard-{i:03d}.tar" for i in range(10)]
+COUNTS = [200] * 10  # equal sizes, as `dali-shards write` makes them
+
+
+def state_after(dataset, steps=100, **kw):
+    spec = PlanSpec(tuple(dataset.counts), world_size=2, num_workers=2, batch_size=4, seed=1, shuffle=True, **kw)
+    return spec, make_state(spec, 0, [], spec.epoch(0), steps, dataset)
+
+
+def test_the_same_shards_in_reverse_order_are_refused():
+    ds = DatasetId.of(URLS, COUNTS)
+    spec, state = state_after(ds)
+    with pytest.raises(ConfigError, match="the same shards in another order"):
+        resume_point(spec, state, DatasetId.of(URLS[::-1], COUNTS[::-1]))
+
+
+def test_other_shards_of_the_same_sizes_are_refused():
+    spec, state = state_after(DatasetId.of(URLS, COUNTS))
+    other = [u.replace("train", "val") for u in URLS[:5]] + [u.replace("shard", "part") for u in URLS[5:]]
+    with pytest.raises(ConfigError, match="other shards"):
+        resume_point(spec, state, DatasetId.of(other, COUNTS))
+
+
+def test_changed_byte_sizes_are_refused_where_both_are_known():
+    spec, state = state_after(DatasetId.of(URLS, COUNTS, [1000] * 10))
+    with pytest.raises(ConfigError, match="other byte sizes"):
+        resume_point(spec, state, DatasetId.of(URLS, COUNTS, [1000] * 9 + [1001]))
+    resume_point(spec, state, DatasetId.of(URLS, COUNTS))  # sizes unknown now: names and counts decide
+
+
+def test_a_dataset_copied_elsewhere_resumes_and_so_does_another_layout():
+    spec, state = state_after(DatasetId.of(URLS, COUNTS))
+    moved = [u.replace("/data/train/", "s3://bucket/copies/imagenet/") for u in URLS]
+    epoch, plan, _ = resume_point(spec, json.loads(json.dumps(state)), DatasetId.of(moved, COUNTS))
+    assert epoch == 0 and plan.start_step == 100
+    other_layout = PlanSpec(tuple(COUNTS), world_size=3, num_workers=1, batch_size=5, seed=1, shuffle=True)
+    epoch, plan, prior = resume_point(other_layout, state, DatasetId.of(moved, COUNTS))
+    assert epoch == 0 and len(plan.subset) == sum(COUNTS) - 100 * 2 * 4 and prior
+
+
+def test_relative_names_drop_the_shared_directory_only():
+    assert relative_names(["/a/b/x.tar", "/a/b/y.tar"]) == ("x.tar", "y.tar")
+    assert relative_names(["/a/b/x.tar", "/a/c/y.tar"]) == ("b/x.tar", "c/y.tar")
+    assert relative_names(["/a/b/shard-1.tar", "/a/b/shard-2.tar"]) == ("shard-1.tar", "shard-2.tar")
+    assert relative_names(["s3://k/x.tar"]) == ("x.tar",)
+
+
+def test_states_without_names_are_accepted_with_a_warning(caplog):
+    ds = DatasetId.of(URLS, COUNTS)
+    spec, state = state_after(ds)
+    old = {**state, "dataset": {k: state["dataset"][k] for k in ("shards", "samples", "fingerprint")}}
+    resume_point(spec, old, ds)
+    assert "order not checked" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "path, value, words",
+    [
+        (("history", 0, "steps"), -50, "steps must be an integer >= 0"),
+        (("epoch",), 2.7, "epoch must be an integer >= 0"),
+        (("epoch",), -3, "epoch must be an integer >= 0"),
+        (("seed",), None, "seed must be an integer"),
+        (("shuffle",), "yes", "shuffle must be true or false"),
+        (("history", 0, "last_batch"), "all", "last_batch must be 'pad' or 'drop'"),
+        (("history", 0, "num_workers"), 0, "num_workers must be an integer >= 1"),
+        (("dataset",), [], "dataset must be an object"),
+        (("history",), {}, "history must be a list"),
+    ],
+)
+def test_bad_fields_are_config_errors_naming_them(path, value, words):
+    spec, state = state_after(DatasetId.of(URLS, COUNTS))
+    target = state
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        resume_point(spec, state, DatasetId.of(URLS, COUNTS))
+
+
+def _mutations(state):
+    """Every (path, container) of a state, to delete or retype."""
+    stack = [((), state)]
+    while stack:
+        path, obj = stack.pop()
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for key, value in items:
+            yield path + (key,), obj
+            stack.append((path + (key,), value))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_fuzzed_states_give_config_errors_only(seed):
+    rng = random.Random(seed)
+    ds = DatasetId.of(URLS, COUNTS)
+    spec, state = state_after(ds)
+    state = json.loads(json.dumps(state))
+    for _ in range(rng.randint(1, 3)):
+        places = list(_mutations(state))
+        path, container = rng.choice(places)
+        key = path[-1]
+        if rng.random() < 0.4 and isinstance(container, dict):
+            del container[key]
+        else:
+            container[key] = rng.choice([None, "x", -1, 2.5, [], {}, True, 10**30])
+    try:
+        resume_point(spec, state, ds)
+    except ConfigError:
+        pass

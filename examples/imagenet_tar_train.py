@@ -13,7 +13,10 @@ counts every validation image exactly once (padding is removed by the iterator).
 Shards can be made with `dali-shards write IMAGENET/train out/train-%06d.tar --shuffle`; a manifest
 beside them (from `dali-shards write` or `dali-shards index`) saves the start-up scan. With
 `--checkpoint DIR` each epoch saves the model, the optimizer and the data loader's state;
-`--resume DIR` continues from there (on the same or another number of GPUs).
+`--resume DIR` continues from there (on the same or another number of GPUs). The per-epoch JSON log
+goes to `--out-dir` (default `runs/imagenet_tar_train/train_log.jsonl`). The fields read are
+"jpg;jpeg;png": the first of these members a sample has (ImageNet's own files are `.JPEG`;
+`dali-shards write` stores them as `.jpg`, other tools may keep `.jpeg`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def parse_args(argv=None):
     ap.add_argument("--image-size", type=int, default=None, help="training crop (default 224 on GPU, 64 on CPU)")
     ap.add_argument("--steps-per-epoch", type=int, default=None, help="stop each epoch early (smoke runs)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-json", default="train_log.jsonl", help="JSON lines log, one line per epoch (rank 0)")
+    ap.add_argument("--out-dir", default=os.path.join("runs", "imagenet_tar_train"), help="where logs go (default %(default)s)")
+    ap.add_argument("--log-json", help="JSON lines log, one line per epoch (rank 0; default OUT_DIR/train_log.jsonl)")
     ap.add_argument("--checkpoint", help="directory to save the model, optimizer and data loader state in, each epoch")
     ap.add_argument("--resume", help="a --checkpoint directory to continue from (the data loader included)")
     ap.add_argument(
@@ -81,7 +85,7 @@ def build_pipelines(args, train_source, val_source, device_id, resume_from=None)
         cache_dir=args.cache_dir,
     )
 
-    @sharded_pipeline(train_source, fields=("jpg", "cls"), shuffle=True, **common)
+    @sharded_pipeline(train_source, fields=("jpg;jpeg;png", "cls"), shuffle=True, **common)
     def train(jpg, cls):
         device = "mixed" if pipeline_has_gpu() else "cpu"
         images = fn.decoders.image_random_crop(
@@ -93,7 +97,7 @@ def build_pipelines(args, train_source, val_source, device_id, resume_from=None)
         )
         return images, cls
 
-    @sharded_pipeline(val_source, fields=("jpg", "cls"), shuffle=False, last_batch="pad", **common)
+    @sharded_pipeline(val_source, fields=("jpg;jpeg;png", "cls"), shuffle=False, last_batch="pad", **common)
     def val(jpg, cls):
         device = "mixed" if pipeline_has_gpu() else "cpu"
         images = fn.decoders.image(jpg, device=device, output_type=types.RGB)
@@ -170,7 +174,10 @@ def main(argv=None) -> dict:
             f"per process, {info.spec.num_samples} training / {val_info.spec.num_samples} validation images, "
             f"{steps} steps per epoch"
         )
-    log = open(args.log_json, "a") if rank == 0 and args.log_json else None
+    log_path = args.log_json or os.path.join(args.out_dir, "train_log.jsonl")
+    if rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    log = open(log_path, "a") if rank == 0 else None
     result = {}
     for epoch in range(train_loader.epoch, args.epochs):  # a resumed loader knows its epoch
         model.train()

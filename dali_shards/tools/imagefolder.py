@@ -24,8 +24,15 @@ class SourceFile(NamedTuple):
     ext: str
 
 
+# Member extensions the writer normalises: ImageNet's ``.JPEG`` and every other spelling of JPEG
+# become ``.jpg``, as WebDataset's writers and DALI's examples name them, and ``.tif`` ``.tiff``.
+CANONICAL_EXTENSIONS = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "tif": "tiff"}
+
+
 def _extension(path: str) -> str:
-    return os.path.splitext(path)[1].lstrip(".").lower()
+    """The member extension of a file: lower-cased, JPEG spellings as ``jpg``."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    return CANONICAL_EXTENSIONS.get(ext, ext)
 
 
 def find_image_folder(

@@ -63,6 +63,41 @@ def test_training_example_on_the_builtin_data_and_resume(tmp_path):
     assert json.loads((ck / "loader.json").read_text())["epoch"] == 3
 
 
+def test_training_example_on_imagenet_style_jpeg_files(tmp_path):
+    """An ImageNet-like tree (class folders of *.JPEG files) written by `dali-shards write` trains."""
+    import shutil
+
+    from dali_shards.sample_data import sample_images
+
+    tree = tmp_path / "imagenet" / "train"
+    for image in sample_images()[:24]:
+        folder = tree / f"n{image.label:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(image.path, folder / (os.path.basename(image.path).rsplit(".", 1)[0] + ".JPEG"))
+    shards = tmp_path / "shards"
+    out = run([sys.executable, "-m", "dali_shards.cli", "write", str(tree), str(shards / "%06d.tar"),
+               "--shuffle", "--max-count", "8"], 120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    import tarfile
+
+    with tarfile.open(shards / "000000.tar") as tar:
+        assert {m.name.rsplit(".", 1)[1] for m in tar.getmembers()} == {"jpg", "cls"}
+    log = tmp_path / "log.jsonl"
+    manifest = str(shards / "manifest.json")
+    out = run([sys.executable, "examples/imagenet_tar_train.py", "--data", manifest, "--val-data", manifest,
+               "--epochs", "1", "--log-json", str(log)], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _log(log)[0]["val_images"] == 24
+
+
+def test_training_example_writes_its_log_under_the_output_folder(tmp_path):
+    out = run([sys.executable, "examples/imagenet_tar_train.py", "--epochs", "1", "--steps-per-epoch", "1",
+               "--out-dir", str(tmp_path / "run")], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(_log(tmp_path / "run" / "train_log.jsonl")) == 1
+    assert not os.path.exists(os.path.join(ROOT, "train_log.jsonl"))
+
+
 def test_training_example_on_remote_shards(tmp_path):
     pytest.importorskip("aiohttp")
     from dali_shards.catalog.manifest import scan_shards, write_manifest

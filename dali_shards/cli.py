@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
 from typing import List, Optional, Sequence
 
@@ -96,27 +97,37 @@ def cmd_write(args: argparse.Namespace) -> int:
     class_map = load_class_map(args.class_map) if args.class_map else None
     files, class_map = find_sources(args.src, class_map, args.numeric_classes)
     out_dir = os.path.dirname(os.path.abspath(args.out_pattern))
+    created = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    infos = write_dataset(
-        files,
-        args.out_pattern,
-        max_count=args.max_count,
-        max_size=args.max_size,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        processes=args.processes,
-        progress=not args.quiet,
-    )
+    try:
+        infos = write_dataset(
+            files,
+            args.out_pattern,
+            max_count=args.max_count,
+            max_size=args.max_size,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            processes=args.processes,
+            progress=not args.quiet,
+        )
+    except BaseException:
+        if created:  # a failed write leaves no folder behind
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     manifest = args.manifest or os.path.join(out_dir, "manifest.json")
     write_manifest(manifest, infos)
     written = {os.path.abspath(i.url) for i in infos}
-    stale = sorted(
-        p for p in glob.glob(re.sub(r"%[-+ #0]*\d*d", "*", args.out_pattern)) if os.path.abspath(p) not in written
+    pattern = re.sub(r"%[-+ #0]*\d*d", "*", args.out_pattern)
+    indexes = {os.path.splitext(p)[0] for p in written}
+    stale = sorted(p for p in glob.glob(pattern) if os.path.abspath(p) not in written)
+    stale += sorted(  # DALI index files of shards this run did not write
+        p for p in glob.glob(os.path.join(out_dir, "*.idx")) if os.path.splitext(os.path.abspath(p))[0] not in indexes
     )
     if stale:
         print(
-            f"dali-shards write: warning: {len(stale)} other files match {args.out_pattern} (e.g. {stale[0]}); "
-            "they are not in the manifest, but a glob would pick them up: remove them",
+            f"dali-shards write: warning: {len(stale)} files left from an earlier write (shards matching "
+            f"{args.out_pattern} or .idx files of shards not written now; e.g. {stale[0]}); they are not in the "
+            "manifest, but a glob (or DALI's reader) would pick them up: remove them",
             file=sys.stderr,
         )
     if class_map is not None:
@@ -286,10 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
         "into tar shards (<key>.<ext> + <key>.cls), with a manifest and a class map. Output is "
         "deterministic: the same input and seed give the same shards.",
     )
-    p.add_argument("src", help="ImageFolder root, or a text file listing 'path [label]' per line")
+    p.add_argument(
+        "src",
+        help="ImageFolder root, or a text file listing 'path [label]' per line (relative paths are taken "
+        "from the list's folder; label every line or none)",
+    )
     p.add_argument("out_pattern", help="output shards as a %%-format, e.g. out/train-%%06d.tar (.tar.gz to compress)")
     p.add_argument("--max-count", type=int, default=1000, help="samples per shard at most (default 1000)")
-    p.add_argument("--max-size", type=parse_size, default=None, help="bytes per shard at most, e.g. 1G")
+    p.add_argument(
+        "--max-size",
+        type=parse_size,
+        default=None,
+        help="bytes per tar file at most, headers and padding counted, before compression, e.g. 1G",
+    )
     p.add_argument("--class-map", help="JSON {class name: index} to use (e.g. the train set's classes.json)")
     p.add_argument(
         "--numeric-classes", action="store_true", help="class directories are integer labels (e.g. ImageNet ids)"

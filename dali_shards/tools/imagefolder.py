@@ -78,21 +78,24 @@ def read_file_list(path: str) -> List[SourceFile]:
         lines = open(path, encoding="utf-8").read().splitlines()
     except OSError as exc:
         raise ConfigError(f"cannot read file list {path!r}: {exc}") from None
+    labelled: Optional[Tuple[int, bool]] = None  # (line number, labelled?) of the first entry
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        parts = line.rsplit(None, 1)
-        label: Optional[int] = None
-        if len(parts) == 2:
-            try:
-                label = int(parts[1])
-                line = parts[0]
-            except ValueError:
-                pass
+        line, label = _split_label(line)
+        if labelled is None:
+            labelled = (number, label is not None)
+        elif labelled[1] != (label is not None):
+            has, lacks = ("has", "lacks") if labelled[1] else ("lacks", "has")
+            raise ConfigError(
+                f"{path}:{number}: this line {lacks} a label but line {labelled[0]} {has} one; "
+                "give every file a label, or none"
+            )
         file_path = line if os.path.isabs(line) else os.path.join(base, line)
         if not os.path.isfile(file_path):
-            raise ConfigError(f"{path}:{number}: file {line!r} not found")
+            where = "" if os.path.isabs(line) else f" (relative paths are taken from the list's folder: {file_path})"
+            raise ConfigError(f"{path}:{number}: file {line!r} not found{where}")
         ext = _extension(file_path)
         if not ext:
             raise ConfigError(f"{path}:{number}: {line!r} has no extension to name its member by")
@@ -102,12 +105,25 @@ def read_file_list(path: str) -> List[SourceFile]:
     return files
 
 
+def _split_label(line: str) -> Tuple[str, Optional[int]]:
+    """``path [label]``: the path and the integer label, if the last word is one."""
+    parts = line.rsplit(None, 1)
+    if len(parts) == 2:
+        try:
+            return parts[0], int(parts[1])
+        except ValueError:
+            pass
+    return line, None
+
+
 def find_sources(
     src: str, class_map: Optional[Dict[str, int]] = None, numeric: bool = False
 ) -> Tuple[List[SourceFile], Optional[Dict[str, int]]]:
     """The files of an ImageFolder tree or a file list, and the class map (None for a list)."""
     if os.path.isdir(src):
         return find_image_folder(src, class_map, numeric)
+    if not os.path.exists(src):
+        raise ConfigError(f"{src!r} does not exist: give an ImageFolder root (class/xxx.jpg) or a file list")
     return read_file_list(src), None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import os
 import random
 import tarfile
@@ -23,6 +24,26 @@ if TYPE_CHECKING:
     from dali_shards.tools.imagefolder import SourceFile
 
 SampleData = Mapping[str, Union[bytes, str, int]]
+log = logging.getLogger("dali_shards")
+BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
+
+
+def member_size(name: str, size: int) -> int:
+    """Bytes a member takes in a GNU-format tar: its header (and long-name header, for names over
+    100 bytes) and its data padded to the 512-byte block."""
+    n = len(name.encode("utf-8"))
+    long_name = BLOCK + _padded(n + 1) if n > tarfile.LENGTH_NAME else 0
+    return long_name + BLOCK + _padded(size)
+
+
+def tar_size(content: int) -> int:
+    """The size of a tar file whose members take ``content`` bytes: with the two end-of-archive
+    blocks and the padding to the 10,240-byte record that ``tarfile`` (like GNU tar) adds."""
+    return -(-(content + 2 * BLOCK) // RECORD) * RECORD
+
+
+def _padded(size: int) -> int:
+    return size + (-size % BLOCK)
 
 
 def _member_bytes(value: Union[bytes, bytearray, memoryview, str, int]) -> bytes:
@@ -35,8 +56,22 @@ def _member_bytes(value: Union[bytes, bytearray, memoryview, str, int]) -> bytes
     raise TypeError(f"sample values must be bytes, str or int, got {type(value).__name__}")
 
 
-class TarShardFile:
-    """One shard being written; ``.tar.gz``/``.tgz`` paths are gzip-compressed."""
+class _Closing:
+    """``with`` support for writers with a ``close()``."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TarShardFile(_Closing):
+    """One shard being written; ``.tar.gz``/``.tgz`` paths are gzip-compressed. ``size`` counts
+    the bytes its members take (see ``member_size``), before compression."""
 
     def __init__(self, path: str):
         self.path = path
@@ -66,7 +101,7 @@ class TarShardFile:
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             self._tar.addfile(info, io.BytesIO(data))
-            self.size += len(data)
+            self.size += member_size(info.name, len(data))
         self.count += 1
 
     def close(self) -> None:
@@ -77,12 +112,6 @@ class TarShardFile:
             self._file.close()
             self._tar = None
 
-    def __enter__(self) -> "TarShardFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def write_shard(path: str, samples: Iterable[SampleData]) -> int:
     """Write exactly one shard (possibly empty); returns its number of samples."""
@@ -92,10 +121,11 @@ def write_shard(path: str, samples: Iterable[SampleData]) -> int:
     return shard.count
 
 
-class ShardWriter:
+class ShardWriter(_Closing):
     """Writes samples into numbered shards, starting a new shard after ``max_count`` samples or
-    ``max_size`` bytes. ``pattern`` is a ``%``-format with the shard number, e.g.
-    ``"out/train-%06d.tar"``."""
+    before the file would exceed ``max_size`` bytes (tar headers, padding and end blocks counted;
+    before compression; a sample larger than that gets a shard of its own). ``pattern`` is a
+    ``%``-format with the shard number, e.g. ``"out/train-%06d.tar"``."""
 
     def __init__(self, pattern: str, max_count: int = 1000, max_size: Optional[int] = None, start: int = 0):
         if "%" not in pattern:
@@ -111,12 +141,13 @@ class ShardWriter:
         self._shard: Optional[TarShardFile] = None
 
     def write(self, sample: SampleData) -> None:
-        size = sum(len(_member_bytes(v)) for k, v in sample.items() if not k.startswith("__"))
+        key = sample.get("__key__")
+        size = sum(member_size(f"{key}.{k.lstrip('.')}", len(_member_bytes(v))) for k, v in sample.items() if not k.startswith("__"))
         shard = self._shard
         if (
             shard is None
             or shard.count >= self.max_count
-            or (self.max_size is not None and shard.count and shard.size + size > self.max_size)
+            or (self.max_size is not None and shard.count and tar_size(shard.size + size) > self.max_size)
         ):
             self.close()
             shard = self._shard = TarShardFile(self.pattern % self.number)
@@ -131,27 +162,21 @@ class ShardWriter:
             self._shard.close()
             self._shard = None
 
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _member_size(size: int) -> int:
-    return 512 + size + (-size % 512)
-
 
 def partition(files: Sequence[Tuple[str, "SourceFile"]], max_count: int, max_size: Optional[int]) -> List[list]:
     """Split keyed files into consecutive shards of at most ``max_count`` samples and (when a
-    sample fits) ``max_size`` bytes, sizes taken as stored in the tar."""
+    sample fits) ``max_size`` bytes of tar file (headers, padding and end blocks counted)."""
     shards: List[list] = []
     current: list = []
     size = 0
     for keyed in files:
-        src = keyed[1]
-        sample = _member_size(os.path.getsize(src.path)) + (_member_size(8) if src.label is not None else 0)
-        if current and (len(current) >= max_count or (max_size is not None and size + sample > max_size)):
+        key, src = keyed
+        sample = member_size(f"{key}.{src.ext}", os.path.getsize(src.path))
+        if src.label is not None:
+            sample += member_size(f"{key}.cls", len(str(src.label)))
+        if max_size is not None and tar_size(sample) > max_size:
+            log.warning("dali_shards: %s alone makes a %d-byte shard, above max_size: it gets a shard of its own", src.path, tar_size(sample))
+        if current and (len(current) >= max_count or (max_size is not None and tar_size(size + sample) > max_size)):
             shards.append(current)
             current, size = [], 0
         current.append(keyed)

@@ -77,7 +77,7 @@ def test_write_warns_about_stale_shards(tmp_path, capsys):
     cli("write", PHOTOS, out / "t-%03d.tar", "--max-count", 5, "--quiet")
     cli("write", PHOTOS, out / "t-%03d.tar", "--max-count", 40, "--quiet")
     err = capsys.readouterr().err
-    assert "8 other files match" in err and "t-002.tar" in err
+    assert "8 files left from an earlier write" in err and "t-002.tar" in err
     assert [s.samples for s in read_manifest(str(out / "manifest.json"))] == [40, 7]
 
 
@@ -90,29 +90,101 @@ def test_write_with_numeric_classes_and_max_size(tmp_path):
     assert labels == sorted(p.label for p in sample_images())
 
 
+@pytest.mark.parametrize("limit", ["50K", "100K", "300K"])
+def test_max_size_bounds_the_tar_files(tmp_path, limit):
+    """Headers, padding, end blocks and tarfile's record padding all count towards --max-size."""
+    out = tmp_path / "m"
+    assert cli("write", PHOTOS, out / "s-%03d.tar", "--max-size", limit, "--quiet") == 0
+    bound = parse_size(limit)
+    sizes = [os.path.getsize(p) for p in out.glob("s-*.tar")]
+    too_big = [s for s in sizes if s > bound]
+    singles = [n for n in read_manifest(str(out / "manifest.json")) if n.bytes > bound]
+    assert len(too_big) == len(singles) and all(n.samples == 1 for n in singles)
+    assert sum(n.samples for n in read_manifest(str(out / "manifest.json"))) == len(sample_images())
+
+
+def test_shard_writer_bounds_its_files(tmp_path):
+    from dali_shards.tools.writer import ShardWriter
+
+    with ShardWriter(str(tmp_path / "w-%03d.tar"), max_size=50 * 1024) as w:
+        for i in range(40):
+            w.write({"__key__": f"{i:04d}", "bin": b"x" * 3000, "cls": i})
+    assert all(os.path.getsize(p) <= 50 * 1024 for p in w.paths) and len(w.paths) > 1
+
+
+def test_a_mistyped_folder_is_not_read_as_a_file_list(tmp_path, capsys):
+    assert cli("write", tmp_path / "nonexist", tmp_path / "out" / "s-%03d.tar") == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "file list" in err and "cannot read" not in err
+    assert not (tmp_path / "out").exists(), "a failed write leaves no output folder"
+
+
+def test_a_file_list_names_where_relative_paths_point(tmp_path, capsys):
+    lst = tmp_path / "lists" / "l.txt"
+    lst.parent.mkdir()
+    lst.write_text("photos/a.jpg 1\n")
+    assert cli("write", lst, tmp_path / "o" / "s-%03d.tar") == 2
+    err = capsys.readouterr().err
+    assert "l.txt:1" in err and "relative paths are taken from the list's folder" in err
+    assert str(tmp_path / "lists" / "photos" / "a.jpg") in err
+
+
+def test_a_file_list_mixing_labelled_and_unlabelled_lines_is_refused(tmp_path, capsys):
+    photos = sample_images()[:3]
+    lst = tmp_path / "l.txt"
+    lst.write_text(f"{photos[0].path} 3\n{photos[1].path} 4\n{photos[2].path}\n")
+    assert cli("write", lst, tmp_path / "o" / "s-%03d.tar") == 2
+    err = capsys.readouterr().err
+    assert "l.txt:3" in err and "lacks a label but line 1 has one" in err
+
+
+def test_rewriting_warns_about_stale_index_files(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert cli("write", PHOTOS, out / "s-%03d.tar", "--max-count", "10", "--quiet", "--numeric-classes") == 0
+    assert cli("index", out / "s-*.tar", "--quiet") == 0
+    for p in out.glob("s-*.tar"):
+        p.unlink()
+    capsys.readouterr()
+    assert cli("write", PHOTOS, out / "s-%03d.tar", "--max-count", "100", "--quiet", "--numeric-classes") == 0
+    err = capsys.readouterr().err
+    assert "files left from an earlier write" in err and ".idx" in err
+
+
+def test_inspect_counts_only_readable_shards(tmp_path, capsys):
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(3, 4))
+    missing = [str(tmp_path / f"gone-{i}.tar") for i in range(2)]
+    assert cli("inspect", *paths, *missing, "--quiet") == 1
+    out = capsys.readouterr().out
+    assert "min 3, max 4, empty 0, unreadable 2" in out
+
+
 def test_write_a_file_list(tmp_path):
     photos = sample_images()[:6]
     lst = tmp_path / "list.txt"
     lines = [
         "# path label",
         *(f"{p.path} {i * 7}" for i, p in enumerate(photos[:5])),
-        os.path.relpath(photos[5].path, tmp_path),
+        os.path.relpath(photos[5].path, tmp_path) + " 35",
     ]
     lst.write_text("\n".join(lines) + "\n")
     assert cli("write", lst, tmp_path / "o" / "l-%02d.tar", "--quiet") == 0
     import webdataset as wds
 
     samples = list(wds.WebDataset(str(tmp_path / "o" / "l-00.tar"), shardshuffle=False))
-    assert [int(s["cls"]) for s in samples[:5]] == [0, 7, 14, 21, 28]
-    assert "cls" not in samples[5] and samples[5]["jpg"] == open(photos[5].path, "rb").read()
+    assert [int(s["cls"]) for s in samples] == [0, 7, 14, 21, 28, 35]
+    assert samples[5]["jpg"] == open(photos[5].path, "rb").read()
     assert not (tmp_path / "o" / "classes.json").exists()
+    unlabelled = tmp_path / "plain.txt"
+    unlabelled.write_text("".join(f"{p.path}\n" for p in photos))
+    assert cli("write", unlabelled, tmp_path / "u" / "l-%02d.tar", "--quiet") == 0
+    assert all("cls" not in s for s in wds.WebDataset(str(tmp_path / "u" / "l-00.tar"), shardshuffle=False))
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         (["write", PHOTOS, "out.tar"], "%-format"),
-        (["write", "/no/such/list.txt", "o-%d.tar"], "cannot read file list"),
+        (["write", "/no/such/list.txt", "o-%d.tar"], "does not exist: give an ImageFolder root"),
         (["write", PHOTOS, "o-%d.tar", "--class-map", "/no/map.json"], "cannot read class map"),
         (["plan", "/no/such-{0..1}.tar", "--world-size", "1", "--workers", "1", "--batch-size", "1"], "file not found"),
         (["inspect", "/no/dir/*.tar"], "matches no files"),

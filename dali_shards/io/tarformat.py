@@ -192,7 +192,6 @@ class TarReader:
                         size = pax_size(self.url, pax, name, offset)
                 if size < 0:
                     raise ShardFormatError(self.url, f"member {printable(name)!r}: negative size", hint=_TRUNCATED_HINT)
-                self._check_present(size, f"member {printable(name)!r}")
                 return Member(name, offset, size)
             if typeflag == 76:  # "L": GNU long name of the next member
                 long_name = decode_name(self._read_exact(size, "long name").split(b"\0", 1)[0])
@@ -303,7 +302,8 @@ class TarReader:
                 continue
             current.extensions.append(ext)
             if read and taking and (want is None or ext in want):
-                big = not self._seekable and member.size > READ_CHUNK  # size not checked yet: read, then copy
+                self._check_present(member.size, f"member {printable(name)!r}")  # before any allocation
+                big = not self._seekable and member.size > READ_CHUNK  # size unchecked: read, then copy
                 buffer = into(current, ext, member.size) if into is not None and not big else None
                 current.data[ext] = read_data(member) if buffer is None else read_into(member, buffer)
             else:

@@ -7,9 +7,10 @@ from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 from nvidia.dali import fn
-from nvidia.dali.pipeline import Pipeline, pipeline_def
+from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.options import ShardedOptions
+from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.pipeline.info import ShardedPipelineInfo
 from dali_shards.pipeline.merge import assemble_fields
 from dali_shards.pipeline.resolve import Resolved, resolve
@@ -64,8 +65,7 @@ def build_sharded_pipeline(
     if "device_id" not in pipeline_kwargs:
         kwargs["device_id"] = default_device_id()
     kwargs.update(pipeline_kwargs)
-    kwargs.pop("enable_conditionals", None)
-    pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
+    pipe = define_pipeline(graph, kwargs)
     supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C
 
     def rebuild(**overrides: Any) -> Pipeline:

@@ -1,7 +1,8 @@
 """DALI graph pieces: merging the workers' padded batches and unpacking the samples' fields.
 
-These functions run while a pipeline is defined with conditionals enabled (AutoGraph converts
-them), so the ``if`` on a DataNode below becomes DALI conditional execution.
+The merge uses DALI's conditional split and merge operators directly, so it needs neither
+``enable_conditionals`` nor AutoGraph (which would write a generated file per converted function);
+the functions here are marked ``do_not_convert`` for pipelines whose user code does use ``if``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.data_node import DataNode
+from nvidia.dali.pipeline import do_not_convert
 
 from dali_shards.worker.layout import SampleLayout, table_slot
 
@@ -36,31 +38,38 @@ class RowOffsets:
         return self.offsets
 
 
+@do_not_convert
 def merge_slices(owner: DataNode, slices: Sequence[Tuple[DataNode, ...]]) -> Tuple[DataNode, ...]:
     """One batch whose slot ``i`` comes from ``slices[owner[i]]``; each slice is a tuple of
     DataNodes (all merged alike), and so is the result.
 
-    A balanced tree of conditionals: ``log2(N)`` levels deep, ``O(N log N)`` operators in all
-    (a linear ``if/elif`` chain needs ``O(N^2)``).
+    A balanced tree of conditional splits and merges: ``log2(N)`` levels deep, ``O(N log N)``
+    operators in all (a linear ``if/elif`` chain needs ``O(N^2)``).
     """
-    return _merge_range(owner, list(slices), 0, len(slices))
+    return _merge_range(owner, list(slices), 0)
 
 
-def _merge_range(owner: DataNode, slices: List[Tuple[DataNode, ...]], lo: int, hi: int) -> Tuple[DataNode, ...]:
-    if hi - lo == 1:
-        return slices[lo]
-    mid = (lo + hi) // 2
-    if owner < mid:
-        merged = _merge_range(owner, slices, lo, mid)
-    else:
-        merged = _merge_range(owner, slices, mid, hi)
-    return merged
+@do_not_convert
+def _merge_range(owner: DataNode, slices: List[Tuple[DataNode, ...]], lo: int) -> Tuple[DataNode, ...]:
+    """The slots owned by workers ``lo .. lo + len(slices) - 1``: the batch is split at the middle
+    worker, each half merged the same way, and the halves merged back."""
+    if len(slices) == 1:
+        return slices[0]
+    half = len(slices) // 2
+    below = owner < lo + half
+    owner_lo, owner_hi = fn._conditional.split(owner, predicate=below)
+    left = [tuple(fn._conditional.split(node, predicate=below)[0] for node in s) for s in slices[:half]]
+    right = [tuple(fn._conditional.split(node, predicate=below)[1] for node in s) for s in slices[half:]]
+    merged = zip(_merge_range(owner_lo, left, lo), _merge_range(owner_hi, right, lo + half))
+    return tuple(fn._conditional.merge(a, b, predicate=below) for a, b in merged)
 
 
+@do_not_convert
 def _cut(data: DataNode, offset: DataNode, length: DataNode) -> DataNode:
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
+@do_not_convert
 def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> List[DataNode]:
     out = []
     for spec in layout.fields:
@@ -75,6 +84,7 @@ def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> 
     return out
 
 
+@do_not_convert
 def assemble_fields(
     outputs: Sequence[DataNode], layout: SampleLayout, batch_size: int
 ) -> Tuple[List[DataNode], DataNode]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List, Optional
@@ -114,19 +116,20 @@ def measure_audit(loader_name: str, cfg, epochs: int = 2) -> dict:
 
 
 def run_child(script: str, args: List[str], timeout: float) -> Dict:
-    """Run ``script --child ...`` in a fresh process; its last output line is JSON (or an error)."""
+    """Run ``script --child ...`` in a fresh process; its last output line is JSON (or an error).
+
+    The child gets a temporary directory of its own (``TMPDIR``), removed when it ends: a child
+    exits at once (``os._exit``), without the clean-up that would remove what it and its loaders'
+    worker processes left there."""
     cmd = [sys.executable, script, *args]
+    tmp = tempfile.mkdtemp(prefix="dali-shards-bench-")
+    env = {**os.environ, "TMPDIR": tmp, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        out = subprocess.run(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")},
-        )
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {timeout:.0f} s (hang?)"}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         return {"error": _reason(out.stderr or out.stdout) or f"exit code {out.returncode}"}
@@ -193,10 +196,10 @@ def child_main(argv: Optional[List[str]] = None) -> None:
     except NotImplementedError as exc:
         result = {"not_applicable": str(exc)}
     print(json.dumps(result), flush=True)
-    _exit_now()
+    exit_now()
 
 
-def _exit_now() -> None:
+def exit_now() -> None:
     """Exit without waiting for loaders to wind down, but take their worker processes along (an
     orphaned worker would keep our output pipe open)."""
     import psutil

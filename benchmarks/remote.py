@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import bench_dir, measure_throughput, run_child  # noqa: E402
+from harness import bench_dir, exit_now, measure_throughput, run_child  # noqa: E402
 
 BUCKET = "bench"
 
@@ -81,7 +81,7 @@ def child(argv) -> None:
         [a.source], mode=a.mode, batch_size=a.batch_size, workers=a.workers, threads=a.threads, options=options
     )
     print(json.dumps(measure_throughput("dali_shards", cfg, a.epochs)), flush=True)
-    os._exit(0)
+    exit_now()
 
 
 def main(argv=None) -> None:

@@ -164,6 +164,8 @@ def test_training_example_help():
 
 def test_throughput_benchmark_runs(tmp_path):
     result = tmp_path / "throughput.json"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     out = run(
         [
             sys.executable,
@@ -184,12 +186,14 @@ def test_throughput_benchmark_runs(tmp_path):
             str(result),
         ],
         600,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(result.read_text())
     loaders = report["results"]["bytes"]
     assert set(loaders) == {"dali_shards", "native_webdataset", "plain_4892"}
     assert all(r["samples_per_s"] > 0 for r in loaders.values())
+    assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 
 def test_compare_benchmark_runs(tmp_path):

@@ -168,6 +168,7 @@ def child_main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--device-id", type=int, default=None)
+    ap.add_argument("--options", default="{}", help="JSON: more sharded_pipeline options (dali_shards)")
     args = ap.parse_args(argv)
     if args.child == "audit":
         shards = build_audit_shards(os.path.join(args.data_dir, "audit"))
@@ -187,6 +188,7 @@ def child_main(argv: Optional[List[str]] = None) -> None:
         world_size=args.world_size,
         rank=args.rank,
         device_id=args.device_id,
+        options=json.loads(args.options),
     )
     try:
         if args.child == "audit":

@@ -24,6 +24,7 @@ sys.path.insert(0, HERE)
 from harness import bench_dir, child_main, run_child  # noqa: E402
 
 LOADERS = ("dali_shards", "native_webdataset", "plain_4892")
+CHECK_OFF = "dali_shards, image_check=off"  # the worker-side image check's cost: the same loader without it
 
 
 def main(argv=None):
@@ -38,6 +39,11 @@ def main(argv=None):
     ap.add_argument("--device-id", type=int, default=None, help="GPU id for mixed decode (default: CPU only)")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
+    ap.add_argument(
+        "--image-check-cost",
+        action="store_true",
+        help=f"also measure dali_shards without its image check ('{CHECK_OFF}')",
+    )
     args = ap.parse_args(argv)
     if args.samples % (512 * args.workers):
         ap.error("--samples must be a multiple of 512 x workers (the plain workaround needs equal shares)")
@@ -48,14 +54,17 @@ def main(argv=None):
     results = {}
     for mode in args.modes.split(","):
         print(f"measuring {mode} ...", flush=True)
-        runs = {name: [] for name in LOADERS}
+        names = LOADERS + ((CHECK_OFF,) if args.image_check_cost else ())
+        runs = {name: [] for name in names}
         for _ in range(args.rounds):
-            for name in LOADERS:
+            for name in names:
                 cmd = [
                     "--child",
                     "throughput",
                     "--loader",
-                    name,
+                    "dali_shards" if name == CHECK_OFF else name,
+                    "--options",
+                    json.dumps({"image_check": "off"} if name == CHECK_OFF else {}),
                     "--mode",
                     mode,
                     "--data-dir",
@@ -97,6 +106,8 @@ def main(argv=None):
         "decode_vs_plain_4892": ratio("decode", "plain_4892"),
         "bytes_vs_native": ratio("bytes", "native_webdataset"),
     }
+    if args.image_check_cost:
+        ratios.update({f"{mode}_image_check_vs_off": ratio(mode, CHECK_OFF) for mode in results})
     report = {
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
@@ -110,14 +121,14 @@ def main(argv=None):
         f"{args.workers} workers, {args.threads} threads, {os.cpu_count()} CPUs; median of {args.rounds} rounds, "
         "each loader in its own process"
     )
-    print(f"{'mode':8} {'loader':20} {'samples/s':>10} {'first batch s':>14}")
+    print(f"{'mode':8} {'loader':30} {'samples/s':>10} {'first batch s':>14}")
     for mode, per_loader in results.items():
         for name, r in per_loader.items():
-            print(f"{mode:8} {name:20} {r['samples_per_s']:10.0f} {r['first_batch_s']:14.2f}")
+            print(f"{mode:8} {name:30} {r['samples_per_s']:10.0f} {r['first_batch_s']:14.2f}")
     print()
     for name, value in ratios.items():
         if value:
-            print(f"{name:24} {value:5.2f}x")
+            print(f"{name:30} {value:5.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

@@ -15,6 +15,7 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, summarize
 from dali_shards.world import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, WorkerError, from_worker
+from dali_shards.pipeline.decode_failure import decode_failure
 from dali_shards.pipeline.decorator import pipeline_info
 from dali_shards.pipeline.supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
 
@@ -253,7 +254,7 @@ class DALIShardedIterator(DALIGenericIterator):
         except Exception as exc:  # DALI re-raises worker errors as plain Exception/RuntimeError
             dead = dead_workers(self._pipeline)
             kill_workers(self._pipeline)
-            ours = from_worker(exc)
+            ours = from_worker(exc) or decode_failure(exc, self.info, self.epoch, self._fetching_step())
             if ours is not None:
                 raise ours from exc
             if dead or "Worker data receiving interrupted" in str(exc):
@@ -265,6 +266,10 @@ class DALIShardedIterator(DALIGenericIterator):
         finally:
             if self._watchdog is not None:
                 self._watchdog.end()
+
+    def _fetching_step(self) -> int:
+        """The step of the batch a DALI call in progress fetches (the first batch is fetched ahead)."""
+        return self._step + (1 if getattr(self, "_first_batch", None) is not None else 0)
 
     def _worker_error(self, dead) -> WorkerError:
         reason = self._watchdog.reason if self._watchdog is not None else None

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.catalog.sources import resolve_source
-from dali_shards.options import ShardedOptions
+from dali_shards.options import ShardedOptions, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
 from dali_shards.plan.resume import resume_point
@@ -75,7 +75,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         )
     )
     num_workers = options.py_num_workers
-    layout = choose_layout(options.fields, shards, num_workers)
+    layout = choose_layout(options.fields, shards, num_workers, options.image_check)
     common = dict(
         world_size=world_size,
         num_workers=num_workers,
@@ -147,17 +147,19 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
     return sum(s.ext_bytes.get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
 
 
-def choose_layout(fields: Sequence[str], shards: Sequence[ShardInfo], num_workers: int) -> SampleLayout:
+def choose_layout(
+    fields: Sequence[str], shards: Sequence[ShardInfo], num_workers: int, image_check: str = option_default("image_check")
+) -> SampleLayout:
     """The table layout for two or more workers, with the largest byte field (by the scan's
     per-extension sizes; else the first) as payload; the packed layout for one worker."""
     if num_workers < 2:
-        return SampleLayout(fields)
+        return SampleLayout(fields, image_check=image_check)
     plain = SampleLayout(fields)
     sizes = [
         (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)
     ]
     payload = max(sizes)[2] if sizes else None
-    return SampleLayout(fields, table=True, payload=payload)
+    return SampleLayout(fields, table=True, payload=payload, image_check=image_check)
 
 
 def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num_workers: int) -> Optional[int]:

@@ -27,6 +27,9 @@ import numpy as np
 
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.io.tarformat import RawSample
+from dali_shards.io.tarheader import printable
+from dali_shards.options import ImageCheck, option_default
+from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, image_problem
 
 KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
 SPECIAL_FIELDS = (KEY, INDEX, VALID)
@@ -34,54 +37,6 @@ INT_EXTENSIONS = frozenset({"cls"})
 INDEX_SLOT, VALID_SLOT = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
-IMAGE_EXTENSIONS = frozenset(
-    {
-        "jpg",
-        "jpeg",
-        "png",
-        "gif",
-        "bmp",
-        "tif",
-        "tiff",
-        "webp",
-        "jp2",
-        "j2k",
-        "pnm",
-        "ppm",
-        "pgm",
-        "pbm",
-        "avif",
-        "heic",
-    }
-)
-_IMAGE_SIGNATURES = (
-    b"\xff\xd8\xff",
-    b"\x89PNG\r\n\x1a\n",
-    b"GIF87a",
-    b"GIF89a",
-    b"BM",
-    b"II*\x00",
-    b"MM\x00*",
-    b"\x00\x00\x00\x0cjP  ",
-    b"\xff\x4f\xff\x51",
-    b"P1",
-    b"P2",
-    b"P3",
-    b"P4",
-    b"P5",
-    b"P6",
-)
-
-
-def looks_like_image(head: bytes) -> bool:
-    """True if ``head`` (a file's first bytes) starts like an image DALI's decoders read."""
-    return (
-        head.startswith(_IMAGE_SIGNATURES)
-        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
-        or head[4:8] == b"ftyp"  # AVIF / HEIC
-    )
-
-
 def table_slot(worker: int, num_workers: int, mini_batch: int) -> int:
     """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
     return (worker + 1) % num_workers * mini_batch
@@ -133,7 +88,14 @@ class Packed:
 class SampleLayout:
     """Field specs, header slots, and the packing of samples for one layout."""
 
-    def __init__(self, fields: Sequence[str], *, table: bool = False, payload: Optional[str] = None):
+    def __init__(
+        self,
+        fields: Sequence[str],
+        *,
+        table: bool = False,
+        payload: Optional[str] = None,
+        image_check: str = option_default("image_check"),
+    ):
         if isinstance(fields, str) or not fields:
             raise ConfigError(
                 f"fields must be a non-empty sequence of extensions such as ('jpg', 'cls'), got {fields!r}"
@@ -168,6 +130,7 @@ class SampleLayout:
         self.fields: Tuple[FieldSpec, ...] = tuple(specs)
         self.table = table
         self.payload = payload if table else None
+        self.image_check = ImageCheck(image_check)
         self.header_slots = slot
         self.header_bytes = 8 * slot
         self.extensions = frozenset(e for s in specs for e in s.extensions)
@@ -185,10 +148,11 @@ class SampleLayout:
         return f"SampleLayout({[f.name for f in self.fields]!r}, {kind})"
 
     def __getstate__(self):
-        return {"fields": [f.name for f in self.fields], "table": self.table, "payload": self.payload}
+        fields = [f.name for f in self.fields]
+        return {"fields": fields, "table": self.table, "payload": self.payload, "image_check": self.image_check.value}
 
     def __setstate__(self, state):
-        self.__init__(state["fields"], table=state["table"], payload=state["payload"])
+        self.__init__(state["fields"], table=state["table"], payload=state["payload"], image_check=state["image_check"])
 
     @property
     def byte_fields(self) -> Tuple[FieldSpec, ...]:
@@ -305,15 +269,15 @@ class SampleLayout:
                 return ext
         return None
 
-    @staticmethod
-    def _member(sample: RawSample, spec: FieldSpec):
+    def _member(self, sample: RawSample, spec: FieldSpec):
         for ext in spec.extensions:
             data = sample.data.get(ext)
             if data is not None:
-                if ext in IMAGE_EXTENSIONS and not looks_like_image(bytes(data[:12])):
+                problem = image_problem(data, self.image_check) if ext in IMAGE_EXTENSIONS else None
+                if problem:
                     raise ShardFormatError(
                         sample.url,
-                        f"member {sample.key}.{ext} is not an image (it starts with {bytes(data[:8])!r})",
+                        f"member {printable(sample.key)}.{ext} of field {spec.name!r} {problem}",
                         key=sample.key,
                         hint="re-encode or remove the sample, or pass on_error='skip' to skip such samples",
                     )

@@ -1,5 +1,7 @@
 """Packing samples into one array per sample, and the errors for samples that lack a field."""
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -8,8 +10,19 @@ from dali_shards.worker.layout import SampleLayout
 from dali_shards.io.tarformat import RawSample
 
 
-JPG = b"\xff\xd8\xff\xe0" + b"J" * 996  # image signatures: the layout checks them
-PNG = b"\x89PNG\r\n\x1a\n" + b"P" * 292
+def jpeg(filler: int) -> bytes:
+    """A structurally valid JPEG (the layout checks image members): SOI, APP0, SOS, data, EOI."""
+    app0 = b"\xff\xe0" + (16).to_bytes(2, "big") + b"JFIF\0" + b"\1" * 9
+    sos = b"\xff\xda" + (8).to_bytes(2, "big") + b"\1\1\0\0\x3f\0"
+    return b"\xff\xd8" + app0 + sos + b"J" * filler + b"\xff\xd9"
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+
+JPG = jpeg(960)
+PNG = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", b"\0" * 13) + png_chunk(b"IDAT", b"P" * 240) + png_chunk(b"IEND", b"")
 
 
 def sample(key="k1", **data):
@@ -88,11 +101,11 @@ def test_a_label_beyond_64_bits_is_a_shard_format_error(text):
 @pytest.mark.parametrize("kw", LAYOUTS)
 def test_a_table_holds_a_whole_mini_batch(kw):
     layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)
-    samples = [sample(key=f"k{i}", jpg=JPG[:4] + bytes([i]) * i, cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
+    samples = [sample(key=f"k{i}", jpg=jpeg(i), cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
     packed = [layout.pack(s, 100 + i) for i, s in enumerate(samples)]
     packed[3] = packed[3].as_padding()
     got = unpack_batch(layout, packed)
-    assert got == [[JPG[:4] + bytes([i]) * i, i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
+    assert got == [[jpeg(i), i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
 
 
 def test_payload_must_be_a_byte_field():

@@ -1,0 +1,142 @@
+"""A cheap structural check of image members in the worker, before they enter a batch.
+
+DALI's decoders stop the whole pipeline on an image they cannot decode, without saying which
+sample it was; a check here turns most damaged images into per-sample ``ShardFormatError``s that
+name the shard, key and field, which ``on_error="skip"`` then skips and counts. Levels
+(``image_check=``):
+
+- ``"structure"`` (default): JPEG -- the marker segments up to the first scan are walked (each
+  must fit in the data) and an end-of-image marker must follow the scan (a JPEG cut short has
+  none: 0xFF 0xD9 cannot occur inside entropy-coded data); PNG -- every chunk must fit, with a
+  matching CRC, from IHDR to IEND. Other formats: the signature only.
+- ``"signature"``: the first bytes must be an image signature DALI's decoders know.
+- ``"off"``: nothing is checked.
+
+Not caught: damage inside a JPEG's entropy-coded data that keeps its end marker (bit flips,
+garbage in the middle), and damage inside formats other than JPEG and PNG. Those still fail in
+DALI's decoder; the iterator then names the sample from the batch's index (see
+``pipeline/decode_failure.py``), but cannot skip it. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Optional
+
+from dali_shards.options import ImageCheck
+
+IMAGE_EXTENSIONS = frozenset(
+    {
+        "jpg",
+        "jpeg",
+        "png",
+        "gif",
+        "bmp",
+        "tif",
+        "tiff",
+        "webp",
+        "jp2",
+        "j2k",
+        "pnm",
+        "ppm",
+        "pgm",
+        "pbm",
+        "avif",
+        "heic",
+    }
+)
+_IMAGE_SIGNATURES = (
+    b"\xff\xd8\xff",
+    b"\x89PNG\r\n\x1a\n",
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",
+    b"II*\x00",
+    b"MM\x00*",
+    b"\x00\x00\x00\x0cjP  ",
+    b"\xff\x4f\xff\x51",
+    b"P1",
+    b"P2",
+    b"P3",
+    b"P4",
+    b"P5",
+    b"P6",
+)
+_PNG = b"\x89PNG\r\n\x1a\n"
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn: no length field
+
+
+def looks_like_image(head: bytes) -> bool:
+    """True if ``head`` (a file's first bytes) starts like an image DALI's decoders read."""
+    return (
+        head.startswith(_IMAGE_SIGNATURES)
+        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+        or head[4:8] == b"ftyp"  # AVIF / HEIC
+    )
+
+
+def image_problem(data, level: ImageCheck = ImageCheck.STRUCTURE) -> Optional[str]:
+    """What is wrong with an image member's bytes at this check ``level``, or None."""
+    if level is ImageCheck.OFF:
+        return None
+    head = bytes(data[:12])
+    if not looks_like_image(head):
+        return f"is not an image (it starts with {head[:8]!r})"
+    if level is ImageCheck.SIGNATURE:
+        return None
+    if head.startswith(b"\xff\xd8"):
+        return jpeg_problem(bytes(data) if not isinstance(data, bytes) else data)
+    if head.startswith(_PNG):
+        return png_problem(memoryview(data).cast("B"))
+    return None
+
+
+def jpeg_problem(data: bytes) -> Optional[str]:
+    """Damage in a JPEG's segment structure, or a missing end-of-image marker."""
+    n, pos = len(data), 2
+    while True:
+        if pos >= n:
+            return f"is a truncated JPEG: it ends at byte {n}, inside its header segments"
+        if data[pos] != 0xFF:
+            return f"is a corrupt JPEG: no segment marker at byte {pos}"
+        while pos < n and data[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos + 1 > n:
+            return f"is a truncated JPEG: it ends at byte {n}, inside a marker"
+        marker = data[pos]
+        pos += 1
+        if marker == 0xD9:
+            return "is a corrupt JPEG: it ends (EOI) before any image data"
+        if marker in _JPEG_STANDALONE:
+            continue
+        if pos + 2 > n:
+            return f"is a truncated JPEG: it ends at byte {n}, inside segment 0xFF{marker:02X}"
+        length = data[pos] << 8 | data[pos + 1]
+        if length < 2 or pos + length > n:
+            return f"is a truncated JPEG: segment 0xFF{marker:02X} at byte {pos - 2} runs past the end ({n} bytes)"
+        pos += length
+        if marker == 0xDA:  # start of scan: entropy-coded data follows
+            break
+    if data.rfind(b"\xff\xd9", pos) < 0:
+        return f"is a truncated JPEG: no end-of-image marker after its image data ({n} bytes)"
+    return None
+
+
+def png_problem(data: memoryview) -> Optional[str]:
+    """A PNG chunk that does not fit or whose CRC does not match, or no IHDR / IEND."""
+    n, pos, first = len(data), 8, True
+    while pos + 12 <= n:
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        end = pos + 12 + length
+        if end > n:
+            return f"is a truncated PNG: chunk {kind!r} at byte {pos} runs past the end ({n} bytes)"
+        if first and kind != b"IHDR":
+            return f"is a corrupt PNG: its first chunk is {kind!r}, not IHDR"
+        (crc,) = struct.unpack(">I", data[end - 4 : end])
+        if zlib.crc32(data[pos + 4 : end - 4]) != crc:
+            return f"is a corrupt PNG: chunk {kind!r} at byte {pos} has a bad CRC"
+        if kind == b"IEND":
+            return None
+        pos, first = end, False
+    return f"is a truncated PNG: it ends at byte {n} without an IEND chunk"

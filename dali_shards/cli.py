@@ -12,6 +12,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from dali_shards.errors import ConfigError, DaliShardsError
+from dali_shards.options import option_default
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shard, write_manifest
 from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
 from dali_shards.options import StorageOptions
@@ -323,51 +324,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_write)
 
-    p = sub.add_parser(
-        "index",
-        help="write the manifest (and DALI .idx files) of existing shards",
-        description="Scan shards' tar headers; write a manifest of per-shard sample counts (so "
-        "pipelines start without scanning) and DALI index files so fn.readers.webdataset can use "
-        "the same shards without a scan. Remote shards (s3://, gs://, http(s)://) get the manifest "
-        "only, beside them where the storage is writable (else use --manifest).",
-    )
-    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories or paths")
+    p = _shards_parser(sub, "index", cmd_index)
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
     p.add_argument("--no-idx", action="store_true", help="write only the manifest")
     _add_scan_options(p)
-    p.set_defaults(run=cmd_index)
-
-    p = sub.add_parser(
-        "inspect",
-        help="shards, samples, fields, sizes, missing fields, duplicate keys",
-        description="Summarise shards from their tar headers: samples per shard, fields and their "
-        "counts, size percentiles, samples missing a field, duplicate keys. Exits 1 if a shard "
-        "cannot be read.",
-    )
-    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p = _shards_parser(sub, "inspect", cmd_inspect)
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_scan_options(p)
-    p.set_defaults(run=cmd_inspect)
-
-    p = sub.add_parser(
-        "plan",
-        help="who reads which shards, steps per rank, padding and dropped samples",
-        description="Print an epoch's plan: which shards (and samples) each rank's workers read, "
-        "steps per rank, padding and dropped samples. Needs no DALI.",
-    )
-    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p = _shards_parser(sub, "plan", cmd_plan)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
     p.add_argument("--batch-size", type=int, required=True, help="per rank")
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=option_default("seed"))
     p.add_argument("--shuffle", action="store_true")
-    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default="pad")
-    p.add_argument("--shuffle-buffer", type=int, default=1024)
+    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"))
+    p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"))
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_storage_option(p)
-    p.set_defaults(run=cmd_plan)
     return parser
+
+
+_SHARD_COMMANDS = {  # name: (help, description)
+    "index": (
+        "write the manifest (and DALI .idx files) of existing shards",
+        "Scan shards' tar headers; write a manifest of per-shard sample counts (so pipelines start without "
+        "scanning) and DALI index files so fn.readers.webdataset can use the same shards without a scan. Remote "
+        "shards (s3://, gs://, http(s)://) get the manifest only, beside them where the storage is writable "
+        "(else use --manifest).",
+    ),
+    "inspect": (
+        "shards, samples, fields, sizes, missing fields, duplicate keys",
+        "Summarise shards from their tar headers: samples per shard, fields and their counts, size percentiles, "
+        "samples missing a field, duplicate keys. Exits 1 if a shard cannot be read.",
+    ),
+    "plan": (
+        "who reads which shards, steps per rank, padding and dropped samples",
+        "Print an epoch's plan: which shards (and samples) each rank's workers read, steps per rank, padding and "
+        "dropped samples. Needs no DALI.",
+    ),
+}
+
+
+def _shards_parser(sub, name: str, run) -> argparse.ArgumentParser:
+    """A subcommand over shards given as patterns."""
+    help_, description = _SHARD_COMMANDS[name]
+    p = sub.add_parser(name, help=help_, description=description)
+    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p.set_defaults(run=run)
+    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

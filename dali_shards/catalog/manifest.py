@@ -30,7 +30,7 @@ from dali_shards.io.fsrequest import probe, unreachable
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarformat import ShardStats, TarReader, is_metadata, scan_tar, split_key
+from dali_shards.io.tarformat import ShardStats, scan_tar
 from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")
@@ -108,35 +108,12 @@ def scan_shard(url: str, on_error: str = option_default("on_error"), config: Sto
 
 
 def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardStats:
-    """The complete samples of a damaged shard before the damage: a sample is complete once a
-    header of the next one has been read."""
-    stats = ShardStats()
-    pending: dict = {}
-    key = None
+    """The complete samples of a damaged shard before the damage."""
     try:
         with open_shard(url, config) as stream:
-            reader = TarReader(stream, url)
-            while True:
-                member = reader.next_member()
-                if member is None:
-                    break
-                k, ext = split_key(member.name)
-                if k is not None and not is_metadata(member.name):
-                    if k != key:
-                        if key is not None:
-                            stats.samples += 1
-                            for e, n in pending.items():
-                                stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
-                        key, pending = k, {}
-                    pending[ext] = pending.get(ext, 0) + member.size
-                reader.skip_data(member)
-    except Exception:  # noqa: BLE001 - the damage itself: the sample being read is left out
-        return stats
-    if key is not None:
-        stats.samples += 1
-        for e, n in pending.items():
-            stats.ext_bytes[e] = stats.ext_bytes.get(e, 0) + n
-    return stats
+            return scan_tar(stream, url, complete_only=True)
+    except Exception:  # noqa: BLE001 - the damage is at the very start (or the shard cannot be opened)
+        return ShardStats()
 
 
 def scan_shards(

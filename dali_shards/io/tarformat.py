@@ -240,19 +240,19 @@ class TarReader:
     # -- samples -------------------------------------------------------------------------
     def scan(self) -> Iterator[Tuple[int, str, str, Member]]:
         """``(sample position, key, extension, member)`` of every sample member, from the headers
-        alone (the data is skipped), grouped by the same rules as ``samples``."""
+        alone (the data is skipped after each is yielded, so a member whose data is cut short is
+        yielded before the error), grouped by the same rules as ``samples``."""
         position, key = -1, None
         while True:
             member = self.next_member()
             if member is None:
                 return
-            self.skip_data(member)
             k, ext = split_key(member.name)
-            if k is None or is_metadata(member.name):
-                continue
-            if k != key:
-                position, key = position + 1, k
-            yield position, k, ext, member
+            if k is not None and not is_metadata(member.name):
+                if k != key:
+                    position, key = position + 1, k
+                yield position, k, ext, member
+            self.skip_data(member)
 
     def samples(
         self,
@@ -319,13 +319,35 @@ class ShardStats:
     samples: int = 0
     ext_bytes: Dict[str, int] = field(default_factory=dict)
 
+    def add(self, ext: str, size: int) -> None:
+        """Count ``size`` bytes of a member with extension ``ext``."""
+        self.ext_bytes[ext] = self.ext_bytes.get(ext, 0) + size
 
-def scan_tar(stream: BinaryIO, url: str) -> ShardStats:
-    """Scan a shard's tar headers (member data is skipped, by seeking where possible)."""
-    stats = ShardStats()
-    for position, _, ext, member in TarReader(stream, url).scan():
-        stats.samples = position + 1
-        stats.ext_bytes[ext] = stats.ext_bytes.get(ext, 0) + member.size
+    def add_sample(self, ext_sizes: Dict[str, int]) -> None:
+        """Count one sample with these bytes per extension."""
+        self.samples += 1
+        for ext, size in ext_sizes.items():
+            self.add(ext, size)
+
+
+def scan_tar(stream: BinaryIO, url: str, complete_only: bool = False) -> ShardStats:
+    """Scan a shard's tar headers (member data is skipped, by seeking where possible). With
+    ``complete_only``, damage ends the scan instead of raising: the stats are those of the
+    samples before it (a sample is complete once a header of the next one has been read)."""
+    stats, pending, last = ShardStats(), {}, -1
+    try:
+        for position, _, ext, member in TarReader(stream, url).scan():
+            if position != last:
+                if last >= 0:
+                    stats.add_sample(pending)
+                pending, last = {}, position
+            pending[ext] = pending.get(ext, 0) + member.size
+    except Exception:  # noqa: BLE001 - the damage itself: the sample being read is left out
+        if not complete_only:
+            raise
+        return stats
+    if last >= 0:
+        stats.add_sample(pending)
     return stats
 
 

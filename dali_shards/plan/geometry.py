@@ -3,7 +3,7 @@ of a batch are valid. Pure arithmetic, shared by the planned and the resampled m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence, Tuple
 
 import numpy as np
@@ -68,6 +68,10 @@ class BatchLayout:
         except ValueError:
             modes = ", ".join(repr(m.value) for m in LastBatch)
             raise ConfigError(f"last_batch must be one of {modes}, got {self.last_batch!r}") from None
+
+    def layout_fields(self) -> dict:
+        """This layout's fields, as keywords for another spec."""
+        return {f.name: getattr(self, f.name) for f in fields(BatchLayout)}
 
     @property
     def num_virtual_workers(self) -> int:

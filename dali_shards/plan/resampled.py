@@ -72,16 +72,8 @@ class StreamingSpec(BatchLayout):
         """A plan of the same steps in which every slot is valid: one run of ``quota`` samples per
         virtual worker (used for step counts, masks and resume state, which records the real seed,
         shuffle and ``shuffle_buffer``)."""
-        return PlanSpec(
-            (self.quota,) * self.num_virtual_workers,
-            world_size=self.world_size,
-            num_workers=self.num_workers,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=LastBatch.PAD,
-            shuffle_buffer=shuffle_buffer,
-        )
+        layout = {**self.layout_fields(), "last_batch": LastBatch.PAD}
+        return PlanSpec((self.quota,) * self.num_virtual_workers, shuffle_buffer=shuffle_buffer, **layout)
 
 
 def stream_index(shard: int, position: int) -> int:

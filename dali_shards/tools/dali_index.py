@@ -15,7 +15,7 @@ from dali_shards.catalog.sources import SHARD_SUFFIXES
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarformat import BLOCK, TarReader
+from dali_shards.io.tarformat import BLOCK, ShardStats, TarReader
 
 INDEX_VERSION = "v1.2"
 
@@ -47,7 +47,7 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
     compressed ones), and return its ShardInfo for a manifest."""
     idx_path = idx_path or index_path_for(url)
     samples = []
-    ext_bytes: dict = {}
+    stats = ShardStats()
     with open_shard(url) as stream:
         if not stream.seekable():  # decompressing streams are not
             raise ShardFormatError(
@@ -62,7 +62,7 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
                 samples.append([entry])
             else:
                 samples[-1].append(entry)
-            ext_bytes[ext] = ext_bytes.get(ext, 0) + member.size
+            stats.add(ext, member.size)
     if any(" " in entry.split(" ", 3)[3] for sample in samples for entry in sample):
         raise ShardFormatError(
             url,
@@ -75,4 +75,4 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
         for sample in samples:
             f.write(" ".join(sample) + "\n")
     os.replace(tmp, idx_path)
-    return ShardInfo(url, len(samples), shard_size(url), ext_bytes)
+    return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from dali_shards.errors import ConfigError
 from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.io.tarformat import ShardStats
 
 if TYPE_CHECKING:
     from dali_shards.tools.imagefolder import SourceFile
@@ -188,18 +189,18 @@ def partition(files: Sequence[Tuple[str, "SourceFile"]], max_count: int, max_siz
 
 def _write_files_shard(task) -> "ShardInfo":
     path, keyed = task
-    ext_bytes: dict = {}
+    stats = ShardStats()
     with TarShardFile(path) as shard:
         for key, src in keyed:
             with open(src.path, "rb") as f:
                 data = f.read()
             sample = {"__key__": key, src.ext: data}
-            ext_bytes[src.ext] = ext_bytes.get(src.ext, 0) + len(data)
+            stats.add(src.ext, len(data))
             if src.label is not None:
                 sample["cls"] = str(src.label)
-                ext_bytes["cls"] = ext_bytes.get("cls", 0) + len(sample["cls"])
+                stats.add("cls", len(sample["cls"]))
             shard.add(sample)
-    return ShardInfo(path, shard.count, os.path.getsize(path), ext_bytes)
+    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes)
 
 
 def write_dataset(

@@ -19,12 +19,12 @@ from nvidia.dali import fn, pipeline_def
 class TarfileSource:
     """Virtual worker ``v`` of ``num_virtual``: its mini-batch in its slice of every batch."""
 
-    def __init__(self, shards, fields, worker, num_workers, rank, world_size, batch_size):
-        v = rank * num_workers + worker
-        self.shards = list(shards)[v :: num_workers * world_size]
+    def __init__(self, shards, fields, worker, py_num_workers, rank, world_size, batch_size):
+        v = rank * py_num_workers + worker
+        self.shards = list(shards)[v :: py_num_workers * world_size]
         self.fields = fields
         self.worker = worker
-        self.mini = batch_size // num_workers
+        self.mini = batch_size // py_num_workers
         self.batch_size = batch_size
 
     def _samples(self):
@@ -81,25 +81,25 @@ def _linear_merge(idx, outs, mini, k=0):
     return merged
 
 
-def plain_pipeline(shards, batch_size, num_workers, post, fields=("jpg", "cls"), rank=0, world_size=1, **kwargs):
+def plain_pipeline(shards, batch_size, py_num_workers, post, fields=("jpg", "cls"), rank=0, world_size=1, **kwargs):
     """The #4892 workaround pipeline; ``post(*fields)`` adds the benchmark's processing."""
 
-    @pipeline_def(batch_size=batch_size, py_num_workers=num_workers, enable_conditionals=True, **kwargs)
+    @pipeline_def(batch_size=batch_size, py_num_workers=py_num_workers, enable_conditionals=True, **kwargs)
     def pipe():
         idx = fn.external_source(source=SlotIndex(), batch=False)
         outs = [
             tuple(
                 fn.external_source(
-                    source=TarfileSource(shards, fields, w, num_workers, rank, world_size, batch_size),
+                    source=TarfileSource(shards, fields, w, py_num_workers, rank, world_size, batch_size),
                     num_outputs=len(fields),
                     parallel=True,
                     batch=True,
                     cycle="raise",
                 )
             )
-            for w in range(num_workers)
+            for w in range(py_num_workers)
         ]
-        merged = _linear_merge(idx, outs, batch_size // num_workers)
+        merged = _linear_merge(idx, outs, batch_size // py_num_workers)
         return post(*merged)
 
     return pipe()

@@ -215,7 +215,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = PlanSpec(
         tuple(s.samples for s in shards),
         world_size=args.world_size,
-        num_workers=args.workers,
+        py_num_workers=args.workers,
         batch_size=args.batch_size,
         seed=args.seed,
         shuffle=args.shuffle,
@@ -227,8 +227,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ranks = []
     for rank in range(spec.world_size):
         workers = []
-        for w in range(spec.num_workers):
-            v = rank * spec.num_workers + w
+        for w in range(spec.py_num_workers):
+            v = rank * spec.py_num_workers + w
             valid = spec.worker_valid_count(v)
             reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in plan.worker_reads(v)]
             workers.append(
@@ -246,7 +246,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "shards": len(shards),
         "empty_shards": sum(1 for s in shards if s.samples == 0),
         "world_size": spec.world_size,
-        "workers_per_rank": spec.num_workers,
+        "workers_per_rank": spec.py_num_workers,
         "virtual_workers": spec.num_virtual_workers,
         "batch_size": spec.batch_size,
         "epoch": args.epoch,
@@ -265,7 +265,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{spec.num_samples} samples in {len(shards)} shards ({summary['empty_shards']} empty); "
-        f"{spec.world_size} ranks x {spec.num_workers} workers = {spec.num_virtual_workers} virtual workers; "
+        f"{spec.world_size} ranks x {spec.py_num_workers} workers = {spec.num_virtual_workers} virtual workers; "
         f"batch {spec.batch_size} per rank ({spec.mini_batch} per worker)"
     )
     print(

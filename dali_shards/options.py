@@ -91,12 +91,12 @@ def _seconds(name: str, value: Any, *, optional: bool = False) -> Optional[float
     return float(value)
 
 
-def check_batch_split(batch_size: int, num_workers: int) -> None:
+def check_batch_split(batch_size: int, py_num_workers: int) -> None:
     """ConfigError unless the batch splits evenly between the workers."""
-    if batch_size % num_workers:
+    if batch_size % py_num_workers:
         raise ConfigError(
-            f"batch_size ({batch_size}) must be a multiple of py_num_workers ({num_workers}): each worker "
-            f"fills an equal slice of every batch. Use e.g. batch_size={batch_size // num_workers * num_workers or num_workers} "
+            f"batch_size ({batch_size}) must be a multiple of py_num_workers ({py_num_workers}): each worker "
+            f"fills an equal slice of every batch. Use e.g. batch_size={batch_size // py_num_workers * py_num_workers or py_num_workers} "
             f"or py_num_workers that divides {batch_size}"
         )
 

@@ -106,7 +106,7 @@ def plan_summary(state: Dict[str, Any], steps: int, spec: Any, rank: int) -> Lis
     """What every rank must agree on before its first batch, as integers (see ``_SUMMARY``): a
     fingerprint of the iterator's ``state_dict()``, its ``len()`` and the batch layout, then a few
     readable figures and the rank."""
-    layout = [spec.world_size, spec.num_workers, spec.batch_size, spec.last_batch]
+    layout = [spec.world_size, spec.py_num_workers, spec.batch_size, spec.last_batch]
     blob = json.dumps([state, steps, layout], sort_keys=True, default=str).encode()
     fingerprint = int(hashlib.sha1(blob).hexdigest()[:15], 16)
     epoch = int(state.get("epoch", -1))

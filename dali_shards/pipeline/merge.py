@@ -20,8 +20,8 @@ from dali_shards.worker.layout import SampleLayout, table_slot
 class SlotOwners:
     """Source of the constant per-slot owner ids ``[0]*m + [1]*m + ...`` (worker of each slot)."""
 
-    def __init__(self, num_workers: int, mini_batch: int):
-        self.owners = np.repeat(np.arange(num_workers, dtype=np.int32), mini_batch)
+    def __init__(self, py_num_workers: int, mini_batch: int):
+        self.owners = np.repeat(np.arange(py_num_workers, dtype=np.int32), mini_batch)
 
     def __call__(self) -> np.ndarray:
         return self.owners
@@ -30,8 +30,8 @@ class SlotOwners:
 class RowOffsets:
     """Source of the constant per-slot byte offset of the slot's row in its worker's table."""
 
-    def __init__(self, num_workers: int, mini_batch: int, row_bytes: int):
-        rows = np.tile(np.arange(mini_batch, dtype=np.int32), num_workers)
+    def __init__(self, py_num_workers: int, mini_batch: int, row_bytes: int):
+        rows = np.tile(np.arange(mini_batch, dtype=np.int32), py_num_workers)
         self.offsets = (rows * row_bytes).reshape(-1, 1)
 
     def __call__(self) -> np.ndarray:
@@ -95,15 +95,15 @@ def assemble_fields(
         (blob,) = outputs
         header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=types.INT64)
         return _fields(header, blob, None, layout), header[0:2]
-    num_workers = len(outputs)
-    mini_batch = batch_size // num_workers
+    py_num_workers = len(outputs)
+    mini_batch = batch_size // py_num_workers
     tables = [
-        fn.permute_batch(out, indices=[table_slot(w, num_workers, mini_batch)] * batch_size)
+        fn.permute_batch(out, indices=[table_slot(w, py_num_workers, mini_batch)] * batch_size)
         for w, out in enumerate(outputs)
     ]
-    owner = fn.external_source(source=SlotOwners(num_workers, mini_batch), batch=True)
+    owner = fn.external_source(source=SlotOwners(py_num_workers, mini_batch), batch=True)
     payload, table = merge_slices(owner, list(zip(outputs, tables)))
-    rows = fn.external_source(source=RowOffsets(num_workers, mini_batch, layout.header_bytes), batch=True)
+    rows = fn.external_source(source=RowOffsets(py_num_workers, mini_batch, layout.header_bytes), batch=True)
     row = _cut(table, rows, np.array([layout.header_bytes], dtype=np.int32))
     header = fn.reinterpret(row, dtype=types.INT64)
     return _fields(header, table, payload, layout), header[0:2]

@@ -74,11 +74,11 @@ def resolve(options: ShardedOptions) -> Resolved:
             stale_manifest=options.stale_manifest,
         )
     )
-    num_workers = options.py_num_workers
-    layout = choose_layout(options.fields, shards, num_workers, options.image_check)
+    py_num_workers = options.py_num_workers
+    layout = choose_layout(options.fields, shards, py_num_workers, options.image_check)
     common = dict(
         world_size=world_size,
-        num_workers=num_workers,
+        py_num_workers=py_num_workers,
         batch_size=options.batch_size,
         seed=options.seed,
         shuffle=options.shuffle,
@@ -120,7 +120,7 @@ def resolve(options: ShardedOptions) -> Resolved:
             first_steps=first_steps,
             shuffle_buffer=options.shuffle_buffer,
         )
-        for w in range(num_workers)
+        for w in range(py_num_workers)
     )
     return Resolved(
         options=options,
@@ -135,7 +135,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
         workers=workers,
-        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, num_workers),
+        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, py_num_workers),
     )
 
 
@@ -148,11 +148,11 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
 
 
 def choose_layout(
-    fields: Sequence[str], shards: Sequence[ShardInfo], num_workers: int, image_check: str = option_default("image_check")
+    fields: Sequence[str], shards: Sequence[ShardInfo], py_num_workers: int, image_check: str = option_default("image_check")
 ) -> SampleLayout:
     """The table layout for two or more workers, with the largest byte field (by the scan's
     per-extension sizes; else the first) as payload; the packed layout for one worker."""
-    if num_workers < 2:
+    if py_num_workers < 2:
         return SampleLayout(fields, image_check=image_check)
     plain = SampleLayout(fields)
     sizes = [
@@ -162,9 +162,9 @@ def choose_layout(
     return SampleLayout(fields, table=True, payload=payload, image_check=image_check)
 
 
-def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num_workers: int) -> Optional[int]:
+def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, py_num_workers: int) -> Optional[int]:
     """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
-    ``batch_size / num_workers`` samples, so the hint is the sample size divided by the workers."""
+    ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers."""
     exts = [e for spec in layout.byte_fields for e in spec.extensions]
     mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:
@@ -172,4 +172,4 @@ def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, num
         if not known:
             return None
         mean = sum(b for b, _ in known) / sum(n for _, n in known)
-    return int((mean + layout.header_bytes) * 1.25 / num_workers) + SLOT_META_BYTES
+    return int((mean + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES

@@ -179,7 +179,7 @@ class Watchdog:
 
     def describe(self, status: WorkerStatus, pid: int, now: float) -> str:
         """Which worker made no progress, for how long, and where."""
-        virtual = self.rank * self.control.num_workers + status.worker
+        virtual = self.rank * self.control.py_num_workers + status.worker
         url = self.urls[status.shard] if 0 <= status.shard < len(self.urls) else None
         last = max(status.progress, status.alive) if now - status.alive > self.timeout else status.progress
         silent = f"for {now - last:.1f} s" if last else "since it started"

@@ -6,11 +6,11 @@ per-rank batch size, last-batch mode, shuffle settings):
 1. The shard order is shuffled with an RNG keyed by ``(seed, epoch)`` -- identical in every
    process -- or kept canonical when ``shuffle=False``.
 2. The samples, in that shard order, form one sequence. Virtual worker
-   ``v = rank * num_workers + worker`` (of ``V = world_size * num_workers``) gets the balanced
+   ``v = rank * py_num_workers + worker`` (of ``V = world_size * py_num_workers``) gets the balanced
    contiguous run ``[v * T // V, (v + 1) * T // V)`` of it: run sizes differ by at most one
    sample, and a worker touches only its own shards (sharing at most the two at its run's ends).
 3. Each worker emits its run through a buffer shuffle keyed by ``(seed, epoch, v)`` (or in order),
-   ``mini_batch = batch_size // num_workers`` samples per step, for ``steps`` steps -- the same
+   ``mini_batch = batch_size // py_num_workers`` samples per step, for ``steps`` steps -- the same
    number on every rank. With ``last_batch="pad"`` the tail is padded with a real sample marked
    invalid; with ``last_batch="drop"`` only whole global batches are planned and the rest of the
    sequence is left out (different samples each epoch when shuffling).
@@ -161,7 +161,7 @@ class EpochPlan:
         """Which slots of ``rank``'s batch at ``step`` hold real samples."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} outside 0..{self.steps - 1}")
-        n = self.spec.num_workers
+        n = self.spec.py_num_workers
         counts = [self.worker_valid_count(rank * n + w) for w in range(n)]
         return geometry.valid_mask(counts, step, self.spec.mini_batch)
 
@@ -287,8 +287,8 @@ class EpochPlan:
         steps, m = self.steps, spec.mini_batch
         index = np.empty((steps, spec.batch_size), dtype=np.int64)
         valid = np.empty((steps, spec.batch_size), dtype=bool)
-        for w in range(spec.num_workers):
-            pos, ok = self.worker_order(rank * spec.num_workers + w)
+        for w in range(spec.py_num_workers):
+            pos, ok = self.worker_order(rank * spec.py_num_workers + w)
             index[:, w * m : (w + 1) * m] = self.canonical_index(pos).reshape(steps, m)
             valid[:, w * m : (w + 1) * m] = ok.reshape(steps, m)
         return index, valid
@@ -311,6 +311,6 @@ class EpochPlan:
 
 def plan_epoch(shard_sizes: Sequence[int], *, epoch: int, **spec: Any) -> EpochPlan:
     """The plan of one epoch (see the module docstring); ``spec`` holds ``PlanSpec``'s keywords
-    (``world_size``, ``num_workers``, ``batch_size``, ``seed``, ``shuffle``, ``last_batch``,
+    (``world_size``, ``py_num_workers``, ``batch_size``, ``seed``, ``shuffle``, ``last_batch``,
     ``shuffle_buffer``)."""
     return PlanSpec(tuple(shard_sizes), **spec).epoch(epoch)

@@ -54,15 +54,15 @@ class BatchLayout:
     ``PlanSpec`` and ``StreamingSpec`` share (keyword-only)."""
 
     world_size: int = 1
-    num_workers: int = 1
+    py_num_workers: int = 1
     batch_size: int = 1
     seed: int = option_default("seed")
     shuffle: bool = option_default("shuffle")
     last_batch: str = option_default("last_batch")
 
     def _check_layout(self) -> None:
-        check_positive(self, "world_size", "num_workers", "batch_size")
-        check_batch_split(self.batch_size, self.num_workers)
+        check_positive(self, "world_size", "py_num_workers", "batch_size")
+        check_batch_split(self.batch_size, self.py_num_workers)
         try:
             object.__setattr__(self, "last_batch", LastBatch(self.last_batch))
         except ValueError:
@@ -75,13 +75,13 @@ class BatchLayout:
 
     @property
     def num_virtual_workers(self) -> int:
-        """V = world_size * num_workers."""
-        return self.world_size * self.num_workers
+        """V = world_size * py_num_workers."""
+        return self.world_size * self.py_num_workers
 
     @property
     def mini_batch(self) -> int:
         """Samples each worker contributes to each batch."""
-        return self.batch_size // self.num_workers
+        return self.batch_size // self.py_num_workers
 
     @property
     def global_batch(self) -> int:

@@ -1,6 +1,6 @@
 """The streaming (resampled) mode's plan, for shards without sample counts: pure, no DALI.
 
-Each of the ``world_size * num_workers`` virtual workers owns a fixed share of the shards (dealt
+Each of the ``world_size * py_num_workers`` virtual workers owns a fixed share of the shards (dealt
 round-robin after a seeded permutation; with fewer shards than virtual workers, shards are
 shared) and cycles through them, in a new seeded order every cycle when shuffling, delivering
 exactly its quota of ``steps_per_epoch * mini_batch`` samples per epoch. An epoch is

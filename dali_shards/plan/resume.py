@@ -23,11 +23,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
-from dali_shards.plan.statecheck import LAYOUT_KEYS, STATE_FORMAT, DatasetId, check_state_shape
+from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, check_state_shape
 
 
 def layout_of(spec: PlanSpec) -> Dict[str, Any]:
-    return {k: (getattr(spec, k).value if k == "last_batch" else getattr(spec, k)) for k in LAYOUT_KEYS}
+    """The spec's layout as a state records it."""
+    values = {k: getattr(spec, SPEC_NAMES.get(k, k)) for k in LAYOUT_KEYS}
+    return {**values, "last_batch": values["last_batch"].value}
 
 
 def make_state(
@@ -93,7 +95,8 @@ def resume_point(
     for i, entry in enumerate(history):
         layout = {k: entry[k] for k in LAYOUT_KEYS}
         steps = int(entry["steps"])
-        past = EpochPlan(PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **layout), epoch, subset)
+        fields = {SPEC_NAMES.get(k, k): v for k, v in layout.items()}
+        past = EpochPlan(PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields), epoch, subset)
         if steps >= past.steps:  # that layout finished the epoch
             return epoch + 1, None, []
         if i == len(history) - 1 and layout == layout_of(spec):

@@ -23,7 +23,8 @@ from dali_shards.options import LastBatch
 
 log = logging.getLogger("dali_shards")
 STATE_FORMAT = "dali-shards-state"
-LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer")
+LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer")  # as saved
+SPEC_NAMES = {"num_workers": "py_num_workers"}  # a saved key -> the spec's field (states keep their format)
 _FIX = "resume with the shards the state was saved for, listed in the same order"
 
 

@@ -46,8 +46,8 @@ class WorkerConfig:
 
     @property
     def virtual_worker(self) -> int:
-        """``rank * num_workers + worker``: this worker's place among all ranks' workers."""
-        return self.rank * self.spec.num_workers + self.worker
+        """``rank * py_num_workers + worker``: this worker's place among all ranks' workers."""
+        return self.rank * self.spec.py_num_workers + self.worker
 
     @property
     def skips(self) -> bool:

@@ -90,9 +90,9 @@ class ControlBlock:
     (``worker_prefetch``, ``worker_timeout``). Create it with :meth:`create`; it is removed by
     :meth:`remove`, or when it is garbage collected, or at exit."""
 
-    def __init__(self, path: str, num_workers: int, worker_prefetch: int, worker_timeout: Optional[float]):
+    def __init__(self, path: str, py_num_workers: int, worker_prefetch: int, worker_timeout: Optional[float]):
         self.path = path
-        self.num_workers = num_workers
+        self.py_num_workers = py_num_workers
         self.worker_prefetch = worker_prefetch
         self.worker_timeout = worker_timeout
         self.owner_pid = os.getpid()
@@ -102,20 +102,20 @@ class ControlBlock:
     @classmethod
     def create(
         cls,
-        num_workers: int,
+        py_num_workers: int,
         *,
         worker_prefetch: int = option_default("worker_prefetch"),
         worker_timeout: Optional[float] = option_default("worker_timeout"),
         directory: Optional[str] = None,
     ) -> "ControlBlock":
-        """A new, zeroed control block for ``num_workers`` workers (stale ones are removed first)."""
+        """A new, zeroed control block for ``py_num_workers`` workers (stale ones are removed first)."""
         directory = directory or _directory()
         remove_stale(directory)
         fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=_SUFFIX, dir=directory)
         try:
-            size = _HEADER_SIZE + _SLOT_SIZE * num_workers
+            size = _HEADER_SIZE + _SLOT_SIZE * py_num_workers
             os.ftruncate(fd, size)
-            block = cls(path, num_workers, worker_prefetch, worker_timeout)
+            block = cls(path, py_num_workers, worker_prefetch, worker_timeout)
             block._map = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -123,7 +123,7 @@ class ControlBlock:
             raise
         os.close(fd)
         block._finalizer = weakref.finalize(block, _release, path, block._map, block.owner_pid)
-        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), num_workers, 0)
+        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), py_num_workers, 0)
         return block
 
     def snapshot(self) -> List[WorkerStatus]:
@@ -132,7 +132,7 @@ class ControlBlock:
             return []
         return [
             WorkerStatus(w, *_SLOT.unpack_from(self._map, _HEADER_SIZE + _SLOT_SIZE * w))
-            for w in range(self.num_workers)
+            for w in range(self.py_num_workers)
         ]
 
     def cut(self, epoch: int, step: int) -> None:

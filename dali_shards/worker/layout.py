@@ -37,9 +37,9 @@ INT_EXTENSIONS = frozenset({"cls"})
 INDEX_SLOT, VALID_SLOT = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
-def table_slot(worker: int, num_workers: int, mini_batch: int) -> int:
+def table_slot(worker: int, py_num_workers: int, mini_batch: int) -> int:
     """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
-    return (worker + 1) % num_workers * mini_batch
+    return (worker + 1) % py_num_workers * mini_batch
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ class SampleLayout:
             return packed.payload if packed.payload is not None else EMPTY
         return packed.blob
 
-    def worker_batch(self, samples: Sequence[Packed], worker: int, num_workers: int, batch_size: int) -> list:
+    def worker_batch(self, samples: Sequence[Packed], worker: int, py_num_workers: int, batch_size: int) -> list:
         """The full-size batch local worker ``worker`` emits: its samples in its own slice, its
         table (table layout) in its table slot, an empty dummy in every other slot."""
         m = len(samples)
@@ -234,7 +234,7 @@ class SampleLayout:
         for i, packed in enumerate(samples):
             batch[base + i] = self.slot_array(packed)
         if self.table:
-            batch[table_slot(worker, num_workers, m)] = self.table_array(samples)
+            batch[table_slot(worker, py_num_workers, m)] = self.table_array(samples)
         return batch
 
     def table_array(self, samples: Sequence[Packed]) -> np.ndarray:

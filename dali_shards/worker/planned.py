@@ -112,7 +112,7 @@ class EpochBatches:
                 f"dali_shards internal error: worker {src.config.virtual_worker} ran out of planned samples at step "
                 f"{self._step} of epoch {self.epoch}; please report it"
             ) from None
-        return src.config.layout.worker_batch(samples, src.worker, spec.num_workers, spec.batch_size)
+        return src.config.layout.worker_batch(samples, src.worker, spec.py_num_workers, spec.batch_size)
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:

@@ -53,7 +53,7 @@ class StreamingWorkerSource(ProcessEpochs):
             samples = [next(self._stream) for _ in range(spec.mini_batch)]
             step += 1
             slot.end(epoch, step)
-            yield self.config.layout.worker_batch(samples, self.worker, spec.num_workers, spec.batch_size)
+            yield self.config.layout.worker_batch(samples, self.worker, spec.py_num_workers, spec.batch_size)
         slot.end(epoch, step, produced=False)
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:

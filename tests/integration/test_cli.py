@@ -315,7 +315,7 @@ def test_plan_matches_the_planner_without_dali(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     plan = json.loads(out)
-    spec = PlanSpec((11, 0, 17, 3, 16), world_size=3, num_workers=2, batch_size=4, seed=5, shuffle=True)
+    spec = PlanSpec((11, 0, 17, 3, 16), world_size=3, py_num_workers=2, batch_size=4, seed=5, shuffle=True)
     assert plan["steps_per_rank"] == spec.steps_per_epoch == 4
     assert plan["padding"] == spec.padding_per_epoch == 3 * 4 * 4 - 47
     assert sum(w["samples"] for r in plan["ranks"] for w in r["workers"]) == 47

@@ -29,7 +29,7 @@ SIZES = (11, 0, 17, 3, 16)
 def test_streaming_plan_properties(shards, world, workers, mini, samples, seed, drop):
     batch = workers * mini
     try:
-        spec = StreamingSpec(shards, samples, world_size=world, num_workers=workers, batch_size=batch, seed=seed, shuffle=True, last_batch="drop" if drop else "pad")
+        spec = StreamingSpec(shards, samples, world_size=world, py_num_workers=workers, batch_size=batch, seed=seed, shuffle=True, last_batch="drop" if drop else "pad")
     except ConfigError:
         assert drop and samples < world * batch
         return

@@ -26,7 +26,7 @@ def configs(draw, last_batch=None):
     return PlanSpec(
         tuple(sizes),
         world_size=world,
-        num_workers=workers,
+        py_num_workers=workers,
         batch_size=batch,
         seed=draw(st.integers(-(2**63), 2**63)),
         shuffle=draw(st.booleans()),
@@ -118,7 +118,7 @@ def test_epochs_differ_when_shuffling(spec, data):
 
 
 def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads():
-    spec = PlanSpec((5,) * 20, world_size=2, num_workers=2, batch_size=2, seed=9, shuffle=True)
+    spec = PlanSpec((5,) * 20, world_size=2, py_num_workers=2, batch_size=2, seed=9, shuffle=True)
     orders = [spec.epoch(e).shard_order.tolist() for e in range(4)]
     assert len({tuple(o) for o in orders}) == 4
     for e, order in enumerate(orders):
@@ -129,7 +129,7 @@ def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads():
 
 
 def test_unshuffled_plan_is_canonical_order():
-    spec = PlanSpec((3, 0, 4, 2), world_size=1, num_workers=1, batch_size=3)
+    spec = PlanSpec((3, 0, 4, 2), world_size=1, py_num_workers=1, batch_size=3)
     index, valid = spec.epoch(5).rank_batches(0)
     assert index.ravel().tolist() == list(range(9)) and valid.all()
 
@@ -142,12 +142,12 @@ def test_exhaustive_small_configurations():
     ):
         if mode == "drop" and sum(sizes) < world * workers * per_worker:
             continue
-        spec = PlanSpec(sizes, world_size=world, num_workers=workers, batch_size=workers * per_worker, seed=11, shuffle=shuffle, last_batch=mode, shuffle_buffer=4)
+        spec = PlanSpec(sizes, world_size=world, py_num_workers=workers, batch_size=workers * per_worker, seed=11, shuffle=shuffle, last_batch=mode, shuffle_buffer=4)
         check_epoch(spec, 3)
 
 
 def test_more_workers_than_samples_pads_with_real_samples():
-    spec = PlanSpec((2, 0, 1), world_size=3, num_workers=2, batch_size=2)
+    spec = PlanSpec((2, 0, 1), world_size=3, py_num_workers=2, batch_size=2)
     assert spec.steps_per_epoch == 1
     batches = check_epoch(spec, 0)
     valid = sum(int(v.sum()) for _, v in batches)
@@ -188,7 +188,7 @@ def test_buffer_shuffle_is_a_bounded_permutation(n, size, seed, worker):
 @pytest.mark.parametrize(
     "kwargs, error",
     [
-        (dict(shard_sizes=(5,), batch_size=3, num_workers=2), ConfigError),
+        (dict(shard_sizes=(5,), batch_size=3, py_num_workers=2), ConfigError),
         (dict(shard_sizes=(0, 0), batch_size=2), EmptyDatasetError),
         (dict(shard_sizes=(3,), batch_size=2, world_size=2, last_batch="drop"), EmptyDatasetError),
         (dict(shard_sizes=(3,), last_batch="fill"), ConfigError),
@@ -203,4 +203,4 @@ def test_bad_configurations_are_refused(kwargs, error):
 
 def test_batch_multiple_error_says_what_to_do():
     with pytest.raises(ConfigError, match="multiple of py_num_workers"):
-        plan_epoch([10], epoch=0, batch_size=10, num_workers=4)
+        plan_epoch([10], epoch=0, batch_size=10, py_num_workers=4)

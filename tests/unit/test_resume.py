@@ -16,7 +16,7 @@ SIZES = (13, 0, 40, 7, 1, 22)
 
 
 def spec_of(world=2, workers=2, batch=4, mode="pad", sizes=SIZES, seed=5, shuffle=True, buffer=8):
-    return PlanSpec(sizes, world_size=world, num_workers=workers, batch_size=batch, seed=seed, shuffle=shuffle, last_batch=mode, shuffle_buffer=buffer)
+    return PlanSpec(sizes, world_size=world, py_num_workers=workers, batch_size=batch, seed=seed, shuffle=shuffle, last_batch=mode, shuffle_buffer=buffer)
 
 
 def delivered(plan, steps=None, start=None):
@@ -112,7 +112,7 @@ def test_resuming_the_same_layout_after_an_elastic_resume_continues_it():
 
 
 def test_states_are_small_and_json():
-    spec = PlanSpec((1000,) * 1281, world_size=64, num_workers=8, batch_size=256, shuffle=True, seed=3)
+    spec = PlanSpec((1000,) * 1281, world_size=64, py_num_workers=8, batch_size=256, shuffle=True, seed=3)
     state = make_state(spec, 7, [], spec.epoch(7), 50)
     text = json.dumps(state)
     assert len(text) < 600

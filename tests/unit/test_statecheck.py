@@ -17,7 +17,7 @@ COUNTS = [200] * 10  # equal sizes, as `dali-shards write` makes them
 
 
 def state_after(dataset, steps=100, **kw):
-    spec = PlanSpec(tuple(dataset.counts), world_size=2, num_workers=2, batch_size=4, seed=1, shuffle=True, **kw)
+    spec = PlanSpec(tuple(dataset.counts), world_size=2, py_num_workers=2, batch_size=4, seed=1, shuffle=True, **kw)
     return spec, make_state(spec, 0, [], spec.epoch(0), steps, dataset)
 
 
@@ -47,7 +47,7 @@ def test_a_dataset_copied_elsewhere_resumes_and_so_does_another_layout():
     moved = [u.replace("/data/train/", "s3://bucket/copies/imagenet/") for u in URLS]
     epoch, plan, _ = resume_point(spec, json.loads(json.dumps(state)), DatasetId.of(moved, COUNTS))
     assert epoch == 0 and plan.start_step == 100
-    other_layout = PlanSpec(tuple(COUNTS), world_size=3, num_workers=1, batch_size=5, seed=1, shuffle=True)
+    other_layout = PlanSpec(tuple(COUNTS), world_size=3, py_num_workers=1, batch_size=5, seed=1, shuffle=True)
     epoch, plan, prior = resume_point(other_layout, state, DatasetId.of(moved, COUNTS))
     assert epoch == 0 and len(plan.subset) == sum(COUNTS) - 100 * 2 * 4 and prior
 

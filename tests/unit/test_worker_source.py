@@ -28,11 +28,11 @@ def shards(tmp_path_factory):
     return paths, tuple(s.samples for s in scan_shards(paths))
 
 
-def decode(batch, worker, m, num_workers, layout=LAYOUT):
+def decode(batch, worker, m, py_num_workers, layout=LAYOUT):
     """(index, valid) of the worker's slice; asserts every other slot is an empty dummy, but for
     the table slot in the table layout."""
     if layout.table:
-        table_at = table_slot(worker, num_workers, m)
+        table_at = table_slot(worker, py_num_workers, m)
         rows = batch[table_at][: m * layout.header_bytes].view(np.int64).reshape(m, -1)
         for slot, array in enumerate(batch):
             if slot != table_at and not worker * m <= slot < (worker + 1) * m:
@@ -52,7 +52,7 @@ def decode(batch, worker, m, num_workers, layout=LAYOUT):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_batches_follow_the_plan(shards, shuffle, table):
     paths, sizes = shards
-    spec = PlanSpec(sizes, world_size=2, num_workers=3, batch_size=6, seed=5, shuffle=shuffle, shuffle_buffer=4)
+    spec = PlanSpec(sizes, world_size=2, py_num_workers=3, batch_size=6, seed=5, shuffle=shuffle, shuffle_buffer=4)
     layout = SampleLayout(("jpg", "cls", "__index__"), table=table, payload="jpg")
     for rank in range(2):
         for worker in range(3):
@@ -72,7 +72,7 @@ def test_labels_follow_the_photos(shards):
 
     paths, sizes = shards
     labels = [img.label for img in sample_images()]
-    spec = PlanSpec(sizes, num_workers=2, batch_size=10, shuffle=True, seed=1)
+    spec = PlanSpec(sizes, py_num_workers=2, batch_size=10, shuffle=True, seed=1)
     layout = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
     photos = [open(img.path, "rb").read() for img in sample_images()]
     for worker in range(2):
@@ -131,7 +131,7 @@ def test_epochs_are_counted_per_process(shards):
 
 def test_more_workers_than_samples(shards):
     paths, sizes = shards
-    spec = PlanSpec((0, 0, 0, 1, 0), world_size=2, num_workers=2, batch_size=2)
+    spec = PlanSpec((0, 0, 0, 1, 0), world_size=2, py_num_workers=2, batch_size=2)
     seen = []
     for rank in range(2):
         for worker in range(2):

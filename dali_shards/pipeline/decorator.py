@@ -84,6 +84,10 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             while the iterator waits for it; it is then killed and the iterator raises a
             ``WorkerError`` naming it and its shard. None turns the check off. Keep it above
             ``(retries + 1) * request_timeout``, so that remote retries run their course.
+        image_check: how much of each image member the workers check before it enters a batch:
+            ``"structure"`` (JPEG segments and end marker, PNG chunks and CRCs), ``"signature"``
+            (first bytes) or ``"off"``. A failed check is a per-sample ``ShardFormatError``
+            (skipped with ``on_error="skip"``); see ``worker/imagecheck.py`` for what it misses.
         **pipeline_kwargs: passed to ``nvidia.dali.pipeline_def`` (``device_id``,
             ``num_threads``, ``prefetch_queue_depth``, ``py_start_method``...). ``device_id``
             defaults to this process's GPU (``LOCAL_RANK``) or None without a GPU.

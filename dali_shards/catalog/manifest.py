@@ -30,7 +30,7 @@ from dali_shards.io.fsrequest import probe, unreachable
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarformat import ShardStats, scan_tar
+from dali_shards.io.tarscan import ShardStats, scan_tar
 from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")

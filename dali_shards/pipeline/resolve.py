@@ -74,28 +74,8 @@ def resolve(options: ShardedOptions) -> Resolved:
             stale_manifest=options.stale_manifest,
         )
     )
-    py_num_workers = options.py_num_workers
-    layout = choose_layout(options.fields, shards, py_num_workers, options.image_check)
-    common = dict(
-        world_size=world_size,
-        py_num_workers=py_num_workers,
-        batch_size=options.batch_size,
-        seed=options.seed,
-        shuffle=options.shuffle,
-        last_batch=options.last_batch,
-    )
-    streaming = None
-    if options.streaming:
-        streaming = StreamingSpec(len(shards), options.samples_per_epoch, **common)
-        if streaming.shares_shards():
-            log.warning(
-                "dali_shards: %d shards for %d virtual workers: some workers stream the same shards",
-                len(shards),
-                streaming.num_virtual_workers,
-            )
-        spec = streaming.as_plan_spec(options.shuffle_buffer)
-    else:
-        spec = PlanSpec(tuple(s.samples for s in shards), shuffle_buffer=options.shuffle_buffer, **common)
+    layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check)
+    spec, streaming = _specs(options, shards, world_size)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     if options.resume_from is not None:
@@ -103,24 +83,19 @@ def resolve(options: ShardedOptions) -> Resolved:
     first_steps = None
     if streaming is not None and resume_plan is not None:
         first_steps = resume_plan.steps - resume_plan.start_step
-    worker_spec = streaming if streaming is not None else spec
-    workers = tuple(
-        WorkerConfig(
-            spec=worker_spec,
-            rank=rank,
-            worker=w,
-            urls=tuple(s.url for s in shards),
-            byte_sizes=tuple(s.bytes for s in shards),
-            layout=layout,
-            on_error=options.on_error,
-            image_check=options.image_check,
-            storage=options.storage,
-            start_epoch=start_epoch,
-            resume_plan=None if streaming is not None else resume_plan,
-            first_steps=first_steps,
-            shuffle_buffer=options.shuffle_buffer,
-        )
-        for w in range(py_num_workers)
+    common = dict(
+        spec=streaming if streaming is not None else spec,
+        rank=rank,
+        urls=tuple(s.url for s in shards),
+        byte_sizes=tuple(s.bytes for s in shards),
+        layout=layout,
+        on_error=options.on_error,
+        image_check=options.image_check,
+        storage=options.storage,
+        start_epoch=start_epoch,
+        resume_plan=None if streaming is not None else resume_plan,
+        first_steps=first_steps,
+        shuffle_buffer=options.shuffle_buffer,
     )
     return Resolved(
         options=options,
@@ -134,9 +109,33 @@ def resolve(options: ShardedOptions) -> Resolved:
         start_epoch=start_epoch,
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
-        workers=workers,
-        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, py_num_workers),
+        workers=tuple(WorkerConfig(worker=w, **common) for w in range(options.py_num_workers)),
+        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers),
     )
+
+
+def _specs(
+    options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int
+) -> Tuple[PlanSpec, Optional[StreamingSpec]]:
+    """The plan spec, and in the streaming mode the streaming spec it stands for."""
+    layout = dict(
+        world_size=world_size,
+        py_num_workers=options.py_num_workers,
+        batch_size=options.batch_size,
+        seed=options.seed,
+        shuffle=options.shuffle,
+        last_batch=options.last_batch,
+    )
+    if not options.streaming:
+        return PlanSpec(tuple(s.samples for s in shards), shuffle_buffer=options.shuffle_buffer, **layout), None
+    streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
+    if streaming.shares_shards():
+        log.warning(
+            "dali_shards: %d shards for %d virtual workers: some workers stream the same shards",
+            len(shards),
+            streaming.num_virtual_workers,
+        )
+    return streaming.as_plan_spec(options.shuffle_buffer), streaming
 
 
 def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:

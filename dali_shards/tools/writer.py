@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from dali_shards.errors import ConfigError
 from dali_shards.catalog.manifest import ShardInfo
-from dali_shards.io.tarformat import ShardStats
+from dali_shards.io.tarscan import ShardStats
 
 if TYPE_CHECKING:
     from dali_shards.tools.imagefolder import SourceFile

@@ -9,7 +9,8 @@ import webdataset as wds
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader, count_samples, split_key
+from dali_shards.io.tarformat import TarReader, split_key
+from dali_shards.io.tarscan import count_samples
 
 
 def make_tar(path, members, fmt=tarfile.GNU_FORMAT, mode="w"):

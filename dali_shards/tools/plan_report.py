@@ -1,0 +1,52 @@
+"""What ``dali-shards plan`` shows: an epoch's plan as a JSON-able summary (pure, no DALI)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Sequence
+
+from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.plan.epoch import PlanSpec
+
+
+def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dict[str, Any]:
+    """Per rank and worker, the samples, padding and shard reads of ``epoch``; and the totals."""
+    plan = spec.epoch(epoch)
+    names = [os.path.basename(s.url) if "://" not in s.url else s.url for s in shards]
+    ranks = []
+    for rank in range(spec.world_size):
+        workers = []
+        for w in range(spec.py_num_workers):
+            v = rank * spec.py_num_workers + w
+            valid = spec.worker_valid_count(v)
+            reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in plan.worker_reads(v)]
+            workers.append(
+                {
+                    "worker": w,
+                    "virtual_worker": v,
+                    "samples": valid,
+                    "padding": spec.steps_per_epoch * spec.mini_batch - valid,
+                    "reads": reads,
+                }
+            )
+        ranks.append({"rank": rank, "steps": spec.steps_per_epoch, "workers": workers})
+    summary = {
+        "samples": spec.num_samples,
+        "shards": len(shards),
+        "empty_shards": sum(1 for s in shards if s.samples == 0),
+        "world_size": spec.world_size,
+        "workers_per_rank": spec.py_num_workers,
+        "virtual_workers": spec.num_virtual_workers,
+        "batch_size": spec.batch_size,
+        "epoch": epoch,
+        "shuffle": spec.shuffle,
+        "seed": spec.seed,
+        "last_batch": spec.last_batch,
+        "steps_per_rank": spec.steps_per_epoch,
+        "delivered": spec.planned_samples,
+        "padding": spec.padding_per_epoch,
+        "dropped": spec.dropped_per_epoch,
+        "shard_order": [names[i] for i in plan.shard_order] if spec.shuffle else None,
+        "ranks": ranks,
+    }
+    return summary

@@ -102,12 +102,16 @@ def check_start_method(start_method: str) -> None:
 _SUMMARY = ("plan", "rank", "steps", "samples", "shards", "epoch", "world_size", "py_num_workers", "batch_size", "drop")
 
 
+_NAMES = ("names", "name_set")  # shard names do not change a plan: ranks may read copies named apart
+
+
 def plan_summary(state: Dict[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
     """What every rank must agree on before its first batch, as integers (see ``_SUMMARY``): a
     fingerprint of the iterator's ``state_dict()``, its ``len()`` and the batch layout, then a few
     readable figures and the rank."""
     layout = [spec.world_size, spec.py_num_workers, spec.batch_size, spec.last_batch]
-    blob = json.dumps([state, steps, layout], sort_keys=True, default=str).encode()
+    plan_state = {**state, "dataset": {k: v for k, v in state.get("dataset", {}).items() if k not in _NAMES}}
+    blob = json.dumps([plan_state, steps, layout], sort_keys=True, default=str).encode()
     fingerprint = int(hashlib.sha1(blob).hexdigest()[:15], 16)
     epoch = int(state.get("epoch", -1))
     drop = int(spec.last_batch == "drop")

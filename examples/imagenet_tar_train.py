@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
     tmp = None
     if args.data is None:  # the built-in photos, written into shards on every rank
         tmp = tempfile.TemporaryDirectory(prefix="dali-shards-train-")
-        args.data = write_sample_shards(tmp.name, shard_sizes=(11, 0, 17, 3, 16), prefix=f"train-r{rank}")
+        args.data = write_sample_shards(tmp.name, shard_sizes=(11, 0, 17, 3, 16), prefix="train")  # same names on every rank
         args.val_data = args.val_data or args.data
     if args.val_data is None:
         raise SystemExit("--val-data is required with --data")

@@ -1,0 +1,57 @@
+"""The pure resolve step: options + world -> shards, layout, spec, resume point, one WorkerConfig
+per worker; no DALI needed (the unit tier checks that nothing imports it)."""
+
+import pickle
+
+import pytest
+
+from dali_shards.errors import ConfigError
+from dali_shards.options import ShardedOptions
+from dali_shards.pipeline.resolve import resolve
+from dali_shards.sample_data import write_sample_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_sample_shards(str(tmp_path_factory.mktemp("r")), shard_sizes=(9, 0, 14, 1, 6))
+
+
+def options(paths, **kw):
+    base = dict(source=paths, fields=("jpg", "cls"), batch_size=6, py_num_workers=3, world_size=2, rank=1, seed=4)
+    return ShardedOptions.from_keywords(**{**base, **kw})
+
+
+def test_one_picklable_worker_config_per_local_worker(shards):
+    resolved = resolve(options(shards, shuffle=True, shuffle_buffer=5, on_error="skip"))
+    assert [w.worker for w in resolved.workers] == [0, 1, 2]
+    assert [w.virtual_worker for w in resolved.workers] == [3, 4, 5]
+    for config in resolved.workers:
+        again = pickle.loads(pickle.dumps(config))
+        assert again.urls == tuple(shards) and again.spec == resolved.spec and again.on_error == "skip"
+        assert again.layout.table and again.shuffle_buffer == 5
+    assert resolved.spec.shard_sizes == (9, 0, 14, 1, 6) and resolved.spec.py_num_workers == 3
+    assert resolved.bytes_per_sample_hint > 0 and resolved.streaming is None
+
+
+def test_a_resume_state_becomes_the_workers_first_plan(shards):
+    first = resolve(options(shards, shuffle=True))
+    plan = first.spec.epoch(2)
+    state = make_info_state(first, plan, 1)
+    resumed = resolve(options(shards, shuffle=True, resume_from=state))
+    assert resumed.start_epoch == 2 and resumed.resume_plan.start_step == 1 and resumed.steps_before == 1
+    assert all(w.resume_plan == resumed.resume_plan and w.start_epoch == 2 for w in resumed.workers)
+    with pytest.raises(ConfigError, match="another order"):
+        resolve(options(list(reversed(shards)), shuffle=True, resume_from=state))
+
+
+def make_info_state(resolved, plan, steps):
+    from dali_shards.plan.resume import make_state
+
+    return make_state(resolved.spec, plan.epoch, [], plan, steps, resolved.dataset)
+
+
+def test_the_streaming_mode_gives_streaming_specs_to_the_workers(shards):
+    resolved = resolve(options(shards, samples_per_epoch=40, shuffle=True, shuffle_buffer=8))
+    assert resolved.streaming is not None and all(w.spec is resolved.streaming for w in resolved.workers)
+    assert resolved.spec.steps_per_epoch == resolved.streaming.steps_per_epoch
+    assert resolved.spec.shuffle and resolved.spec.shuffle_buffer == 8

@@ -204,9 +204,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"duplicate members within a sample: {report['duplicate_members']}, "
             f"e.g. {', '.join(report['duplicate_member_examples'])}"
         )
+    _print_labels(report["labels"])
     for bad in report["unreadable_shards"]:
         print(f"unreadable: {bad['error']}")
     return 1 if report["unreadable_shards"] else 0
+
+
+def _print_labels(labels: Optional[dict]) -> None:
+    if labels is None:
+        return
+    print(
+        f"labels (.cls): {labels['classes']} classes; a shard holds {labels['mean_distinct_per_shard']} on "
+        f"average, {labels['expected_if_mixed']} if its samples were mixed at random (ratio {labels['ratio']})"
+    )
+    if labels["class_sorted"]:
+        print(
+            "warning: the shards look class-sorted: batches will see few classes. Rewrite them mixed "
+            "(`dali-shards write` shuffles by default)",
+            file=sys.stderr,
+        )
 
 
 # -- plan ---------------------------------------------------------------------------------
@@ -281,9 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--numeric-classes", action="store_true", help="class directories are integer labels (e.g. ImageNet ids)"
     )
     p.add_argument(
-        "--shuffle", action="store_true", help="shuffle samples across shards (recommended for training sets)"
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mix samples across shards, seeded (the default: shards of one class each make poorly mixed "
+        "batches); --no-shuffle keeps the source order (class by class for a class-folder tree)",
     )
-    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0): the same seed, the same shards")
     p.add_argument("--processes", type=int, default=None, help="parallel writers (default: all cores)")
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,12 +1,14 @@
-"""What a set of shards holds: samples, fields and their sizes, gaps and duplicate keys.
+"""What a set of shards holds: samples, fields and their sizes, gaps, duplicate keys, and how
+clustered the ``.cls`` labels are (class-sorted shards make poorly mixed batches).
 
-Reads tar headers only (member data is seeked over), shards in parallel.
+Reads tar headers (member data is seeked over) and the small ``.cls`` members, shards in parallel.
 """
 
 from __future__ import annotations
 
 from array import array
 from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -19,6 +21,7 @@ from dali_shards.io.remote import DEFAULT_STORAGE
 from dali_shards.catalog.manifest import stored_size
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader
+from dali_shards.tools.labels import LABEL_EXT, clustering, shard_labels
 
 EXAMPLES = 5
 
@@ -33,6 +36,7 @@ class ShardReport:
     ext_keys: Dict[str, set] = field(default_factory=dict)
     duplicate_members: List[str] = field(default_factory=list)
     error: Optional[str] = None
+    labels: Counter = field(default_factory=Counter)
 
 
 def scan_report(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardReport:
@@ -48,6 +52,8 @@ def scan_report(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardRepo
                 if position in holders:
                     report.duplicate_members.append(member.name)
                 holders.add(position)
+        if LABEL_EXT in report.ext_sizes:
+            report.labels = shard_labels(url, config)
     except Exception as exc:  # noqa: BLE001 - an inspection reports every kind of damage
         report.error = str(exc)
     report.samples = len(report.keys)
@@ -103,4 +109,5 @@ def inspect_shards(
         "duplicate_examples": duplicates[:EXAMPLES],
         "duplicate_members": sum(len(r.duplicate_members) for r in reports),
         "duplicate_member_examples": [m for r in reports for m in r.duplicate_members][:EXAMPLES],
+        "labels": clustering([r.labels for r in reports if not r.error]),
     }

@@ -209,14 +209,15 @@ def write_dataset(
     *,
     max_count: int = 1000,
     max_size: Optional[int] = None,
-    shuffle: bool = False,
+    shuffle: bool = True,
     seed: int = 0,
     processes: Optional[int] = None,
     progress: bool = False,
 ) -> List["ShardInfo"]:
     """Write files (with their labels as ``.cls``) into shards named by ``pattern``
-    (``out/train-%06d.tar``), in parallel. Keys number the samples in the (optionally shuffled,
-    with ``seed``) order, so the output is the same for the same input, whatever the parallelism."""
+    (``out/train-%06d.tar``), in parallel, mixed across shards unless ``shuffle=False``. Keys
+    number the samples in the (shuffled, with ``seed``) order, so the output is the same for the
+    same input, whatever the parallelism."""
     if "%" not in pattern:
         raise ConfigError(f"output pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
     if max_count < 1 or (max_size is not None and max_size < 1):

@@ -158,6 +158,35 @@ def test_inspect_counts_only_readable_shards(tmp_path, capsys):
     assert "min 3, max 4, empty 0, unreadable 2" in out
 
 
+def test_write_mixes_samples_by_default_and_inspect_reports_clustering(tmp_path, capsys):
+    """`dali-shards write` shuffles across shards unless --no-shuffle; inspect tells the two apart."""
+    import webdataset as wds
+
+    def labels_of(out):
+        shards = sorted(str(p) for p in out.glob("s-*.tar"))
+        return [int(s["cls"]) for s in wds.WebDataset(shards, shardshuffle=False)]
+
+    mixed, again, ordered = tmp_path / "mixed", tmp_path / "again", tmp_path / "ordered"
+    assert cli("write", PHOTOS, mixed / "s-%02d.tar", "--max-count", 12, "--quiet", "--numeric-classes") == 0
+    assert cli("write", PHOTOS, again / "s-%02d.tar", "--max-count", 12, "--quiet", "--numeric-classes") == 0
+    assert cli("write", PHOTOS, ordered / "s-%02d.tar", "--max-count", 12, "--quiet", "--numeric-classes",
+               "--no-shuffle") == 0
+    def runs(labels):  # how many stretches of one label
+        return 1 + sum(a != b for a, b in zip(labels, labels[1:]))
+
+    classes = len(set(labels_of(ordered)))
+    assert runs(labels_of(ordered)) == classes, "class by class"
+    assert runs(labels_of(mixed)) > 2 * classes and sorted(labels_of(mixed)) == sorted(labels_of(ordered))
+    for a, b in zip(sorted(mixed.glob("s-*.tar")), sorted(again.glob("s-*.tar"))):
+        assert a.read_bytes() == b.read_bytes(), "seeded: the same input gives the same shards"
+    capsys.readouterr()
+    assert cli("inspect", ordered / "s-*.tar", "--quiet") == 0
+    out = capsys.readouterr()
+    assert "labels (.cls)" in out.out and "look class-sorted" in out.err
+    assert cli("inspect", mixed / "s-*.tar", "--quiet") == 0
+    assert "look class-sorted" not in capsys.readouterr().err
+
+
 def test_write_a_file_list(tmp_path):
     photos = sample_images()[:6]
     lst = tmp_path / "list.txt"
@@ -167,7 +196,7 @@ def test_write_a_file_list(tmp_path):
         os.path.relpath(photos[5].path, tmp_path) + " 35",
     ]
     lst.write_text("\n".join(lines) + "\n")
-    assert cli("write", lst, tmp_path / "o" / "l-%02d.tar", "--quiet") == 0
+    assert cli("write", lst, tmp_path / "o" / "l-%02d.tar", "--quiet", "--no-shuffle") == 0
     import webdataset as wds
 
     samples = list(wds.WebDataset(str(tmp_path / "o" / "l-00.tar"), shardshuffle=False))

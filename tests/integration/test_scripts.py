@@ -196,6 +196,16 @@ def test_throughput_benchmark_runs(tmp_path):
     assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 
+def test_shuffle_quality_benchmark_runs(tmp_path):
+    out = run([sys.executable, "benchmarks/shuffle_quality.py", "--classes", "40", "--per-class", "50",
+               "--shard-size", "100", "--ranks", "1,2", "--workers", "2", "--batches", "8", "--steps", "4",
+               "--shuffle-buffer", "16", "--out", str(tmp_path / "sq")], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads((tmp_path / "sq.json").read_text())["rows"]
+    assert len(rows) == 2 and all(0 < r["class_sorted"] < r["pre_shuffled"] for r in rows)
+    assert (tmp_path / "sq.md").exists()
+
+
 def test_compare_benchmark_runs(tmp_path):
     out = run(
         [

@@ -3,8 +3,9 @@ global shuffle gives, on ImageNet-like shards that are class-sorted or pre-shuff
 
 Pure: the batches are the plan's (``EpochPlan.iter_worker_order``), so nothing is read; the
 ideal is exact (distinct classes among ``batch`` samples drawn without replacement). Prints a
-table and writes JSON and Markdown. Peers (DALI's reader, WebDataset + DataLoader, MosaicML
-Streaming) are not measured here yet.
+table and writes JSON and Markdown, for each ``shuffle_block`` given (0: a contiguous run per
+worker through the shuffle buffer, the planner before interleaving). Peers (DALI's reader,
+WebDataset + DataLoader, MosaicML Streaming) are not measured here yet.
 
     python benchmarks/shuffle_quality.py --classes 1000 --per-class 1281 --shard-size 1000
 """
@@ -52,6 +53,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default="32,256")
     ap.add_argument("--steps", type=int, default=20, help="steps measured per rank")
     ap.add_argument("--shuffle-buffer", type=int, default=None, help="default: the options' default")
+    ap.add_argument("--blocks", default="0,64,256", help="shuffle_block values (0: contiguous runs + buffer)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_quality"))
     args = ap.parse_args(argv)
     total = args.classes * args.per_class
@@ -60,26 +62,33 @@ def main(argv=None) -> dict:
     shuffled_labels = sorted_labels[np.random.default_rng(0).permutation(total)]
     extra = {} if args.shuffle_buffer is None else {"shuffle_buffer": args.shuffle_buffer}
     rows = []
-    for world, workers, batch in itertools.product(*(map(int, a.split(",")) for a in (args.ranks, args.workers, args.batches))):
+    blocks = [int(b) for b in args.blocks.split(",")]
+    grid = itertools.product(*(map(int, a.split(",")) for a in (args.ranks, args.workers, args.batches)))
+    for world, workers, batch in grid:
         if batch % workers:
             continue
-        spec = PlanSpec(sizes, world_size=world, py_num_workers=workers, batch_size=batch, seed=1, shuffle=True, **extra)
         ideal = expected_distinct([args.per_class] * args.classes, batch)
         row = {"ranks": world, "workers": workers, "batch": batch, "ideal_distinct": round(ideal, 1)}
-        for name, labels in (("class_sorted", sorted_labels), ("pre_shuffled", shuffled_labels)):
-            row[name] = round(class_mix(spec, labels, args.steps) / ideal, 3)
+        for block in blocks:
+            spec = PlanSpec(sizes, world_size=world, py_num_workers=workers, batch_size=batch, seed=1, shuffle=True,
+                            shuffle_block=block, **extra)
+            for name, labels in (("class_sorted", sorted_labels), ("pre_shuffled", shuffled_labels)):
+                row[f"{name}_block{block}"] = round(class_mix(spec, labels, args.steps) / ideal, 3)
         rows.append(row)
-        print(f"{world} ranks x {workers} workers, batch {batch}: class-sorted {row['class_sorted']:.2f}, "
-              f"pre-shuffled {row['pre_shuffled']:.2f} of ideal ({ideal:.1f} distinct)", flush=True)
-    report = {"config": vars(args), "planner": "contiguous run per worker + buffer shuffle (PLAN_VERSION 1)", "rows": rows}
+        print(f"{world} ranks x {workers} workers, batch {batch}: class-sorted "
+              + ", ".join(f"block {b} {row[f'class_sorted_block{b}']:.2f}" for b in blocks)
+              + "; pre-shuffled " + ", ".join(f"block {b} {row[f'pre_shuffled_block{b}']:.2f}" for b in blocks), flush=True)
+    report = {"config": vars(args), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(args.out + ".md", "w") as f:
-        f.write("| ranks | workers | batch | ideal distinct | class-sorted / ideal | pre-shuffled / ideal |\n")
-        f.write("|---|---|---|---|---|---|\n")
+        cols = [f"{n}_block{b}" for n in ("class_sorted", "pre_shuffled") for b in blocks]
+        f.write("| ranks | workers | batch | ideal distinct | " + " | ".join(c.replace("_", " ") for c in cols) + " |\n")
+        f.write("|---" * (4 + len(cols)) + "|\n")
         for r in rows:
-            f.write(f"| {r['ranks']} | {r['workers']} | {r['batch']} | {r['ideal_distinct']} | {r['class_sorted']} | {r['pre_shuffled']} |\n")
+            cells = [r["ranks"], r["workers"], r["batch"], r["ideal_distinct"], *(r[c] for c in cols)]
+            f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
     print(f"wrote {args.out}.json and .md")
     return report
 

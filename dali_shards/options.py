@@ -182,6 +182,7 @@ class ShardedOptions:
     rank: Optional[int] = None
     last_batch: LastBatch = LastBatch.PAD
     shuffle_buffer: int = 1024
+    shuffle_block: int = 256
     start_epoch: int = 0
     worker_prefetch: int = 2
     resume_from: Optional[Mapping[str, Any]] = None
@@ -198,6 +199,7 @@ class ShardedOptions:
         set_("fields", _fields(self.fields))
         for name in ("batch_size", "py_num_workers", "worker_prefetch", "shuffle_buffer"):
             set_(name, _int(name, getattr(self, name), 1))
+        set_("shuffle_block", _int("shuffle_block", self.shuffle_block, 0))
         check_batch_split(self.batch_size, self.py_num_workers)
         set_("shuffle", _flag("shuffle", self.shuffle))
         if not _is_int(self.seed):

@@ -48,13 +48,18 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
         batch_size: samples per batch on this rank; a multiple of ``py_num_workers``.
         py_num_workers: Python worker processes of this rank, each reading its own shards.
 
-        shuffle: shuffle shard order per epoch and samples within each worker's buffer.
+        shuffle: shuffle shard order per epoch, and the samples: interleaved across shards (see
+            ``shuffle_block``) or through each worker's buffer.
         seed: seeds the plan (the same on every rank) and, mixed with the rank, DALI's
             random operators.
         world_size, rank: default to ``torch.distributed``, then ``WORLD_SIZE``/``RANK``, then 1/0.
         last_batch: ``"pad"`` (every sample once; padding flagged by ``__valid__``) or
             ``"drop"`` (only complete global batches).
-        shuffle_buffer: samples each worker holds for its buffer shuffle.
+        shuffle_buffer: samples each worker holds for its buffer shuffle (contiguous runs only).
+        shuffle_block: shards whose samples are interleaved at once (at least the batch size is
+            used); each worker reads a piece of each and holds one open piece per shard of the
+            block. 0 turns interleaving off (contiguous runs through the buffer). Remote shards, and
+            datasets with fewer shards than 8 or a worker's share of a batch, use contiguous runs.
         start_epoch: the epoch the pipeline starts at (its shuffle and plan).
         worker_prefetch: batches each worker prepares ahead.
         resume_from: a ``state_dict()`` of ``DALIShardedIterator`` (or ``pipe.dali_shards.state``):

@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.catalog.sources import resolve_source
+from dali_shards.io.remote import is_remote
 from dali_shards.options import ShardedOptions, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
@@ -127,7 +128,9 @@ def _specs(
         last_batch=options.last_batch,
     )
     if not options.streaming:
-        return PlanSpec(tuple(s.samples for s in shards), shuffle_buffer=options.shuffle_buffer, **layout), None
+        block = options.shuffle_block if not any(is_remote(s.url) for s in shards) else 0  # see the README
+        sizes = tuple(s.samples for s in shards)
+        return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, **layout), None
     streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
     if streaming.shares_shards():
         log.warning(

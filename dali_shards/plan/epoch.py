@@ -5,12 +5,14 @@ per-rank batch size, last-batch mode, shuffle settings):
 
 1. The shard order is shuffled with an RNG keyed by ``(seed, epoch)`` -- identical in every
    process -- or kept canonical when ``shuffle=False``.
-2. The samples, in that shard order, form one sequence. Virtual worker
-   ``v = rank * py_num_workers + worker`` (of ``V = world_size * py_num_workers``) gets the balanced
-   contiguous run ``[v * T // V, (v + 1) * T // V)`` of it: run sizes differ by at most one
-   sample, and a worker touches only its own shards (sharing at most the two at its run's ends).
-3. Each worker emits its run through a buffer shuffle keyed by ``(seed, epoch, v)`` (or in order),
-   ``mini_batch = batch_size // py_num_workers`` samples per step, for ``steps`` steps -- the same
+2. The samples, in that shard order, form one sequence. When shuffling with ``shuffle_block`` > 0
+   (and enough shards, see ``interleave``), virtual worker ``v = rank * py_num_workers + worker``
+   (of ``V = world_size * py_num_workers``) reads piece ``v`` of every shard, blocks of shards at
+   a time, and emits the pieces interleaved: batches as mixed as a global shuffle even from
+   class-sorted shards. Otherwise it gets the balanced contiguous run ``[v * T // V, (v + 1) * T // V)``
+   and emits it through a buffer shuffle keyed by ``(seed, epoch, v)`` (or in order). Either way
+   workers' shares differ by at most one sample.
+3. Each worker emits ``mini_batch = batch_size // py_num_workers`` samples per step, for ``steps`` steps -- the same
    number on every rank. With ``last_batch="pad"`` the tail is padded with a real sample marked
    invalid; with ``last_batch="drop"`` only whole global batches are planned and the rest of the
    sequence is left out (different samples each epoch when shuffling).
@@ -24,28 +26,19 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.errors import ConfigError, EmptyDatasetError
 from dali_shards.options import LastBatch, option_default
 from dali_shards.plan import geometry
-from dali_shards.plan.geometry import BatchLayout, check_positive
+from dali_shards.plan.geometry import BatchLayout, Segment, check_positive
+from dali_shards.plan import interleave
 from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
-
-
-class Segment(NamedTuple):
-    """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
-    first of them is at ``position`` in the epoch's sample sequence."""
-
-    shard: int
-    first: int
-    stop: int
-    position: int
 
 
 @dataclass(frozen=True)
@@ -54,10 +47,13 @@ class PlanSpec(BatchLayout):
 
     shard_sizes: Tuple[int, ...]
     shuffle_buffer: int = field(default=option_default("shuffle_buffer"), kw_only=True)
+    shuffle_block: int = field(default=option_default("shuffle_block"), kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
         check_positive(self, "shuffle_buffer")
+        if isinstance(self.shuffle_block, bool) or not isinstance(self.shuffle_block, (int, np.integer)) or self.shuffle_block < 0:
+            raise ConfigError(f"shuffle_block must be an integer >= 0 (0: a contiguous run per worker), got {self.shuffle_block!r}")
         self._check_layout()
         if any(s < 0 for s in self.shard_sizes):
             raise ConfigError(f"shard sizes must be non-negative, got {self.shard_sizes}")
@@ -119,7 +115,7 @@ class PlanSpec(BatchLayout):
 
 
 @dataclass(frozen=True)
-class EpochPlan:
+class EpochPlan(interleave.Interleaving):
     """The plan of one epoch: shard order, each worker's reads and emission order.
 
     A resumed epoch plans only ``subset`` (sorted positions of the epoch's sample sequence still to
@@ -154,6 +150,10 @@ class EpochPlan:
         return geometry.span(v, self.planned, self.spec.num_virtual_workers)
 
     def worker_valid_count(self, v: int) -> int:
+        """Valid samples worker ``v`` emits under this plan."""
+        if self.interleaving:
+            self.spec._check_worker(v)
+            return int(self._piece_counts[v])
         start, stop = self.worker_span(v)
         return stop - start
 
@@ -206,6 +206,8 @@ class EpochPlan:
 
     # -- workers -------------------------------------------------------------------------
     def _valid_order(self, v: int) -> Iterator[int]:
+        if self.interleaving:
+            return self._interleaved_emissions(v)
         start, stop = self.worker_span(v)
         if not self.spec.shuffle:
             local: Iterator[int] = iter(range(stop - start))
@@ -219,10 +221,10 @@ class EpochPlan:
     def pad_position(self, v: int) -> int:
         """The sample whose copies pad worker ``v``'s last slots: its last emitted sample, or, for
         a worker with an empty run, the sample at its run's place in the sequence."""
-        start, stop = self.worker_span(v)
-        if stop > start:
+        if self.worker_valid_count(v):
             *_, last = self._valid_order(v)
             return last
+        start = v * self.available // self.spec.num_virtual_workers
         return self.position(min(start, self.available - 1))
 
     def iter_worker_order(self, v: int) -> Iterator[Tuple[int, bool]]:
@@ -269,9 +271,12 @@ class EpochPlan:
 
     def worker_reads(self, v: int) -> List[Segment]:
         """The stretch of samples worker ``v`` reads under this plan (from step 0), as segments in
-        reading order: its run, or the one sample it pads with if its run is empty."""
+        reading order: its run (its pieces, when interleaving), or the one sample it pads with if it
+        has none."""
+        if self.interleaving and self.worker_valid_count(v):
+            return self.worker_pieces(v)
         start, stop = self.worker_span(v)
-        if stop == start:
+        if stop == start or self.interleaving:
             pad = self.pad_position(v)
             return self.reads_covering(pad, pad + 1)
         if self.subset is None:

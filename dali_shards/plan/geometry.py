@@ -4,7 +4,7 @@ of a batch are valid. Pure arithmetic, shared by the planned and the resampled m
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Sequence, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -86,3 +86,13 @@ class BatchLayout:
     @property
     def global_batch(self) -> int:
         return self.world_size * self.batch_size
+
+
+class Segment(NamedTuple):
+    """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
+    first of them is at ``position`` in the epoch's sample sequence."""
+
+    shard: int
+    first: int
+    stop: int
+    position: int

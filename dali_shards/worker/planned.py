@@ -10,10 +10,14 @@ imports no DALI.
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
+
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
-from dali_shards.plan.epoch import EpochPlan, Segment
+from dali_shards.plan.epoch import EpochPlan
+from dali_shards.plan.geometry import Segment
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
 from dali_shards.worker.process import ProcessEpochs
@@ -84,8 +88,14 @@ class EpochBatches:
         self._steps = plan.steps - plan.start_step
         self._order = iter(emissions)
         needed = {pos for pos, _ in emissions}
+        reader = ShardReader(src.config, src.slot.progress)
+        v = src.config.virtual_worker
+        if plan.interleaving and plan.worker_valid_count(v):
+            order = [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]
+            self._samples = _read_pieces(plan, plan.worker_pieces(v), order, needed.__contains__, reader)
+            return
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
-        self._samples = _read_segments(plan, reads, needed.__contains__, ShardReader(src.config, src.slot.progress))
+        self._samples = _read_segments(plan, reads, needed.__contains__, reader)
 
     def _ends_at(self) -> int:
         """The step this epoch ends at: its last, or where the main process cut it short."""
@@ -150,6 +160,30 @@ class EpochBatches:
             self._samples.close()
         self._pending.clear()
         self._last = (-1, None)
+
+
+def _read_pieces(
+    plan: EpochPlan, pieces: List[Segment], order: List[int], needed, reader: ShardReader
+) -> Iterator[Tuple[int, Item]]:
+    """(epoch position, packed sample) in reading ``order``, each piece read sequentially by a
+    cursor of its own, opened when first needed and closed when its last needed sample is read:
+    at most one open cursor per piece of the current block."""
+    starts = [seg.position for seg in pieces]
+    owner = [bisect.bisect_right(starts, pos) - 1 for pos in order]
+    left = Counter(owner)
+    cursors: Dict[int, Iterator[Tuple[int, Item]]] = {}
+    try:
+        for i in owner:
+            cursor = cursors.get(i)
+            if cursor is None:
+                cursor = cursors[i] = _read_segments(plan, [pieces[i]], needed, reader)
+            yield next(cursor)
+            left[i] -= 1
+            if not left[i]:
+                cursors.pop(i).close()
+    finally:
+        for cursor in cursors.values():
+            cursor.close()
 
 
 def _read_segments(

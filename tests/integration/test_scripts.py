@@ -202,7 +202,7 @@ def test_shuffle_quality_benchmark_runs(tmp_path):
                "--shuffle-buffer", "16", "--out", str(tmp_path / "sq")], 300)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = json.loads((tmp_path / "sq.json").read_text())["rows"]
-    assert len(rows) == 2 and all(0 < r["class_sorted"] < r["pre_shuffled"] for r in rows)
+    assert len(rows) == 2 and all(0 < r["class_sorted_block0"] < r["class_sorted_block256"] for r in rows)
     assert (tmp_path / "sq.md").exists()
 
 

@@ -32,6 +32,7 @@ def configs(draw, last_batch=None):
         shuffle=draw(st.booleans()),
         last_batch=mode,
         shuffle_buffer=draw(st.integers(1, 64)),
+        shuffle_block=draw(st.sampled_from([0, 1, 2, 3, 256])),
     )
 
 
@@ -66,16 +67,26 @@ def check_epoch(spec, epoch):
     for r, (_, v) in enumerate(batches):
         for s in range(spec.steps_per_epoch):
             assert (spec.valid_mask(r, s) == v[s]).all()
-    # balanced contiguous runs; padding only at the tail of a worker's slots
+    # balanced shares; padding only at the tail of a worker's slots
     counts = [spec.worker_valid_count(v) for v in range(spec.num_virtual_workers)]
     assert max(counts) - min(counts) <= 1
     for v in range(spec.num_virtual_workers):
         pos, ok = plan.worker_order(v)
+        assert ok.tolist() == [True] * counts[v] + [False] * (len(ok) - counts[v])
+    if plan.interleaving:
+        check_pieces(spec, plan, counts)
+    else:
+        check_runs(spec, plan)
+    return batches
+
+
+def check_runs(spec, plan):
+    """Contiguous runs: each worker reads a contiguous stretch of the shard sequence, so only the
+    shards at the two ends of its run can be shared with other workers."""
+    for v in range(spec.num_virtual_workers):
+        pos, ok = plan.worker_order(v)
         start, stop = spec.worker_span(v)
         assert sorted(pos[ok].tolist()) == list(range(start, stop))
-        assert ok.tolist() == [True] * (stop - start) + [False] * (len(ok) - (stop - start))
-    # locality: each worker reads a contiguous stretch of the shard sequence, so only the shards
-    # at the two ends of its run can be shared with other workers
     readers = {}
     for v in range(spec.num_virtual_workers):
         segs = plan.worker_reads(v)
@@ -88,7 +99,28 @@ def check_epoch(spec, epoch):
     for shard, who in readers.items():
         if len({v for v, _, _ in who}) > 1:
             assert all(k in (0, n - 1) for _, k, n in who), f"shard {shard} shared away from a run boundary"
-    return batches
+
+
+def check_pieces(spec, plan, counts):
+    """Interleaving: each worker emits only samples of its own pieces (contiguous parts of shards,
+    disjoint between workers), each piece in order, and reads at most one piece per shard."""
+    owner = {}
+    for v in range(spec.num_virtual_workers):
+        pos, ok = plan.worker_order(v)
+        pieces = plan.worker_pieces(v) if counts[v] else []
+        read = plan.worker_read_order(v).tolist()
+        assert sorted(read) == sorted(pos[ok].tolist()), "what is read is what is emitted"
+        assert len({p.shard for p in pieces}) == len(pieces), "one piece per shard"
+        mine = set()
+        for p in pieces:
+            assert 0 <= p.first < p.stop <= spec.shard_sizes[p.shard]
+            span = set(range(p.position, p.position + p.stop - p.first))
+            assert not span & set(owner), "pieces of two workers overlap"
+            owner.update(dict.fromkeys(span, v))
+            mine |= span
+            in_piece = [x for x in read if x in span]
+            assert in_piece == sorted(in_piece), "a piece is read in order"
+        assert set(pos[ok].tolist()) <= mine
 
 
 @settings(max_examples=300, deadline=None)
@@ -117,12 +149,17 @@ def test_epochs_differ_when_shuffling(spec, data):
     assert len(orders) > 1
 
 
-def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads():
-    spec = PlanSpec((5,) * 20, world_size=2, py_num_workers=2, batch_size=2, seed=9, shuffle=True)
+@pytest.mark.parametrize("block", [0, 4])
+def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads(block):
+    spec = PlanSpec((5,) * 20, world_size=2, py_num_workers=2, batch_size=2, seed=9, shuffle=True, shuffle_block=block)
     orders = [spec.epoch(e).shard_order.tolist() for e in range(4)]
     assert len({tuple(o) for o in orders}) == 4
     for e, order in enumerate(orders):
         plan = spec.epoch(e)
+        if block:  # every worker reads a piece of every shard, block by block in the shuffled order
+            for v in range(spec.num_virtual_workers):
+                assert [seg.shard for seg in plan.worker_reads(v)] == order
+            continue
         reads = [seg.shard for v in range(spec.num_virtual_workers) for seg in plan.worker_reads(v)]
         assert reads == order, "workers must read the shards in the epoch's shuffled order"
     assert PlanSpec((5,) * 20, shuffle=False).epoch(3).shard_order.tolist() == list(range(20))

@@ -86,12 +86,31 @@ def test_labels_follow_the_photos(shards):
 
 def test_shuffle_buffer_bounds_memory(shards):
     paths, sizes = shards
-    spec = PlanSpec(sizes, batch_size=2, shuffle=True, shuffle_buffer=3)
+    spec = PlanSpec(sizes, batch_size=2, shuffle=True, shuffle_buffer=3, shuffle_block=0)
     it = iter(make_source(spec, paths, LAYOUT, 0, 0))
     peak = 0
     for _ in it:
         peak = max(peak, len(it._pending))
     assert 0 < peak <= 3
+
+
+def test_interleaving_holds_a_batch_share_and_one_cursor_per_piece(tmp_path):
+    """Interleaving: pending samples stay under one batch's share; batches follow the plan."""
+    sizes = (3, 5, 0, 4, 6, 2, 7, 1, 4, 5, 3)
+    paths = write_sample_shards(str(tmp_path), shard_sizes=sizes)
+    spec = PlanSpec(sizes, batch_size=4, py_num_workers=2, shuffle=True, shuffle_block=2, seed=3)
+    assert spec.epoch(0).interleaving
+    for worker in range(2):
+        it = iter(make_source(spec, paths, LAYOUT, 0, worker))
+        peak = 0
+        batches = []
+        for batch in it:
+            peak = max(peak, len(it._pending))
+            batches.append(batch)
+        assert peak <= spec.mini_batch
+        got = [x for b in batches for x in decode(b, worker, spec.mini_batch, 2)]
+        pos, valid = spec.epoch(0).worker_order(worker)
+        assert [i for i, _ in got] == spec.epoch(0).canonical_index(pos).tolist()
 
 
 def test_iter_is_lazy_and_errors_name_the_shard(tmp_path):

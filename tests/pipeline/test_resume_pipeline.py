@@ -165,3 +165,18 @@ def test_a_resumed_run_draws_new_augmentations(photo_shards):
     fresh = DALIShardedIterator(noisy(), ["index", "noise"])
     (again,) = next(fresh)
     assert np.allclose(again["noise"].numpy(), first[0]), "a fresh start is reproducible"
+
+
+def test_interleaved_epochs_resume_exactly_once_under_another_layout(tmp_path):
+    """Enough shards to interleave: a real epoch, stopped, then resumed on another world size."""
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(5,) * 9 + (2,))
+    first = make(paths, world_size=2, shuffle_buffer=1024)
+    its = [DALIShardedIterator(first(rank=r), ["image", "index"]) for r in range(2)]
+    assert its[0].info.plan(0).interleaving
+    seen = [i for it in its for _, _, b in batches(it, 3) for i in b]
+    state = its[0].state_dict()
+    rest = DALIShardedIterator(make(paths, world_size=1)(rank=0, resume_from=state), ["image", "index"])
+    seen += [i for epoch, _, b in batches(rest) if epoch == 0 for i in b]
+    assert sorted(seen) == list(range(47))

@@ -12,7 +12,9 @@ from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.resume import make_state, resume_point
 
-SIZES = (13, 0, 40, 7, 1, 22)
+SIZES = (13, 0, 40, 7, 1, 22)  # few shards: contiguous runs
+MANY = (13, 0, 40, 7, 1, 22, 9, 5, 11, 3, 8, 6)  # enough shards to interleave
+size_sets = st.sampled_from([SIZES, MANY])
 
 
 def spec_of(world=2, workers=2, batch=4, mode="pad", sizes=SIZES, seed=5, shuffle=True, buffer=8):
@@ -40,9 +42,9 @@ layouts = st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3)).map
 
 
 @settings(max_examples=150, deadline=None)
-@given(layouts, st.sampled_from(["pad", "drop"]), st.integers(0, 3), st.data())
-def test_resume_with_the_same_layout_continues_exactly(layout, mode, epoch, data):
-    spec = spec_of(mode=mode, **layout)
+@given(layouts, st.sampled_from(["pad", "drop"]), st.integers(0, 3), size_sets, st.data())
+def test_resume_with_the_same_layout_continues_exactly(layout, mode, epoch, sizes, data):
+    spec = spec_of(mode=mode, sizes=sizes, **layout)
     plan = spec.epoch(epoch)
     step = data.draw(st.integers(0, plan.steps))
     state = json.loads(json.dumps(make_state(spec, epoch, [], plan, step)))
@@ -58,9 +60,9 @@ def test_resume_with_the_same_layout_continues_exactly(layout, mode, epoch, data
 
 
 @settings(max_examples=150, deadline=None)
-@given(layouts, layouts, st.sampled_from(["pad", "drop"]), st.data())
-def test_elastic_resume_delivers_the_rest_exactly_once(before, after, mode, data):
-    old = spec_of(mode=mode, **before)
+@given(layouts, layouts, st.sampled_from(["pad", "drop"]), size_sets, st.data())
+def test_elastic_resume_delivers_the_rest_exactly_once(before, after, mode, sizes, data):
+    old = spec_of(mode=mode, sizes=sizes, **before)
     if mode == "drop" and old.steps_per_epoch == 0:
         return
     plan = old.epoch(1)
@@ -68,7 +70,7 @@ def test_elastic_resume_delivers_the_rest_exactly_once(before, after, mode, data
     if step >= plan.steps:
         return
     state = make_state(old, 1, [], plan, step)
-    new = spec_of(mode=mode, **after)
+    new = spec_of(mode=mode, sizes=sizes, **after)
     start_epoch, resumed, prior = resume_point(new, state)
     seen = flat(delivered(plan, steps=step))
     if resumed is None:  # drop: too few left for a whole global batch of the new layout
@@ -82,7 +84,7 @@ def test_elastic_resume_delivers_the_rest_exactly_once(before, after, mode, data
     counts = Counter(seen + rest)
     assert max(counts.values()) == 1, "nothing twice"
     if mode == "pad":
-        assert sorted(counts) == list(range(sum(SIZES))), "everything once"
+        assert sorted(counts) == list(range(sum(sizes))), "everything once"
 
 
 def test_chained_elastic_resumes_in_one_epoch():
@@ -152,3 +154,7 @@ def test_resumed_plans_read_only_what_they_need():
     emissions = resumed.worker_emissions(0)
     assert [p for p, _ in emissions] == list(range(6, 10))
     assert np.array_equal(resumed.rank_batches(0)[0][3:], plan.rank_batches(0)[0][3:])
+
+
+def test_the_size_sets_cover_both_planners():
+    assert not spec_of(sizes=SIZES).epoch(0).interleaving and spec_of(sizes=MANY).epoch(0).interleaving

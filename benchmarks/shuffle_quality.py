@@ -5,7 +5,8 @@ Pure: the batches are the plan's (``EpochPlan.iter_worker_order``), so nothing i
 ideal is exact (distinct classes among ``batch`` samples drawn without replacement). Prints a
 table and writes JSON and Markdown, for each ``shuffle_block`` given (0: a contiguous run per
 worker through the shuffle buffer, the planner before interleaving). Peers (DALI's reader,
-WebDataset + DataLoader, MosaicML Streaming) are not measured here yet.
+WebDataset + DataLoader) are measured with ``--peers``, reading smaller class-sorted shards from
+disk; MosaicML Streaming is not.
 
     python benchmarks/shuffle_quality.py --classes 1000 --per-class 1281 --shard-size 1000
 """
@@ -23,6 +24,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from dali_shards.plan.epoch import PlanSpec  # noqa: E402
 from dali_shards.tools.labels import expected_distinct  # noqa: E402
@@ -54,6 +56,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=20, help="steps measured per rank")
     ap.add_argument("--shuffle-buffer", type=int, default=None, help="default: the options' default")
     ap.add_argument("--blocks", default="0,64,256", help="shuffle_block values (0: contiguous runs + buffer)")
+    ap.add_argument("--peers", action="store_true", help="also read class-sorted shards with the real loaders")
+    ap.add_argument("--peer-data", default="200,130,100,32", help="classes,per_class,shard_size,batch of --peers")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_quality"))
     args = ap.parse_args(argv)
     total = args.classes * args.per_class
@@ -79,6 +83,8 @@ def main(argv=None) -> dict:
               + ", ".join(f"block {b} {row[f'class_sorted_block{b}']:.2f}" for b in blocks)
               + "; pre-shuffled " + ", ".join(f"block {b} {row[f'pre_shuffled_block{b}']:.2f}" for b in blocks), flush=True)
     report = {"config": vars(args), "rows": rows}
+    if args.peers:
+        report["peers"] = peers(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(report, f, indent=1)
@@ -89,8 +95,30 @@ def main(argv=None) -> dict:
         for r in rows:
             cells = [r["ranks"], r["workers"], r["batch"], r["ideal_distinct"], *(r[c] for c in cols)]
             f.write("| " + " | ".join(str(c) for c in cells) + " |\n")
+        if args.peers:
+            p = report["peers"]
+            f.write(f"\nReal loaders on class-sorted shards ({p['setup']}), distinct classes per batch / ideal:\n\n")
+            f.write("| loader | class mix |\n|---|---|\n")
+            for name, value in p["class_mix"].items():
+                f.write(f"| {name} | {value} |\n")
     print(f"wrote {args.out}.json and .md")
     return report
+
+
+def peers(args) -> dict:
+    """The class mix of the real loaders on class-sorted shards on disk (see ``shuffle_peers``)."""
+    import tempfile
+
+    from shuffle_peers import measure_peers
+
+    classes, per_class, shard, batch = (int(x) for x in args.peer_data.split(","))
+    ideal = expected_distinct([per_class] * classes, batch)
+    with tempfile.TemporaryDirectory() as root:
+        mix = measure_peers(root, classes, per_class, shard, batch, 2, args.steps, ideal)
+    setup = f"{classes} classes x {per_class} in shards of {shard}, batch {batch}, 1 rank x 2 workers"
+    for name, value in mix.items():
+        print(f"{name}: {value:.2f} of ideal ({setup})", flush=True)
+    return {"setup": setup, "class_mix": mix}
 
 
 if __name__ == "__main__":

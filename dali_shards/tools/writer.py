@@ -43,6 +43,16 @@ def tar_size(content: int) -> int:
     return -(-(content + 2 * BLOCK) // RECORD) * RECORD
 
 
+def check_max_size(max_size: Optional[int]) -> Optional[int]:
+    """``max_size`` if a tar file can be that small (tarfile pads every file to 10,240 bytes)."""
+    if max_size is not None and max_size < RECORD:
+        raise ConfigError(
+            f"max size {max_size} bytes is below {RECORD}, the smallest tar file (tarfile pads to 10,240-byte "
+            "records): give at least 10K"
+        )
+    return max_size
+
+
 def _padded(size: int) -> int:
     return size + (-size % BLOCK)
 
@@ -135,7 +145,7 @@ class ShardWriter(_Closing):
             raise ConfigError("max_count must be at least 1")
         self.pattern = pattern
         self.max_count = max_count
-        self.max_size = max_size
+        self.max_size = check_max_size(max_size)
         self.number = start
         self.paths: List[str] = []
         self.counts: List[int] = []
@@ -220,8 +230,9 @@ def write_dataset(
     same input, whatever the parallelism."""
     if "%" not in pattern:
         raise ConfigError(f"output pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
-    if max_count < 1 or (max_size is not None and max_size < 1):
-        raise ConfigError("max_count and max_size must be positive")
+    if max_count < 1:
+        raise ConfigError("max_count must be positive")
+    check_max_size(max_size)
     order = list(files)
     if shuffle:
         random.Random(seed).shuffle(order)

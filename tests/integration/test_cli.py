@@ -103,6 +103,11 @@ def test_max_size_bounds_the_tar_files(tmp_path, limit):
     assert sum(n.samples for n in read_manifest(str(out / "manifest.json"))) == len(sample_images())
 
 
+def test_a_max_size_no_tar_file_can_meet_is_refused(tmp_path, capsys):
+    assert cli("write", PHOTOS, tmp_path / "o" / "s-%03d.tar", "--max-size", "5K") == 2
+    assert "smallest tar file" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
 def test_shard_writer_bounds_its_files(tmp_path):
     from dali_shards.tools.writer import ShardWriter
 

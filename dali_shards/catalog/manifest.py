@@ -2,20 +2,26 @@
 
 A manifest is a JSON file listing the shards (paths relative to the manifest) and how many
 samples each holds, so that planning an epoch never needs to open a shard; optionally the shard's
-size and its member bytes per extension::
+size, its member bytes per extension, and (version 2, uncompressed shards) where each sample
+lies, so that a worker can read any run of samples with one positioned or ranged read::
 
-    {"format": "dali-shards-manifest", "version": 1,
+    {"format": "dali-shards-manifest", "version": 2,
      "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
-                 "ext_bytes": {"cls": 3000, "jpg": 104000000}}, ...]}
+                 "ext_bytes": {"cls": 3000, "jpg": 104000000},
+                 "sample_blocks": "215 198 240 ..."}, ...]}
 
-Every field is checked when read (``url`` a string, ``samples`` an integer >= 0, ``bytes`` an
-integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
+``sample_blocks`` lists, for each sample, the 512-byte tar blocks from where its headers begin to
+where the next sample's begin (the last sample's: to the end-of-archive marker); the first sample
+begins at byte 0. Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
+``bytes`` an integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or
+absent, ``sample_blocks`` one positive integer per sample that fit in ``bytes``, or absent,
 ``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
-the manifest, the entry and the field.
+the manifest, the entry and the field. Version 1 manifests (without ``sample_blocks``) are read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +30,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from dali_shards.errors import ConfigError, ShardAccessError, ShardError
 from dali_shards.io.fsrequest import probe, unreachable
@@ -36,18 +44,30 @@ from dali_shards.options import OnError, option_default
 log = logging.getLogger("dali_shards")
 
 MANIFEST_FORMAT = "dali-shards-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+BLOCK = 512
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """A shard's URL, its number of samples, its stored size in bytes and the bytes of its
-    members per extension (when known)."""
+    """A shard's URL, its number of samples, its stored size in bytes, the bytes of its members
+    per extension, and ``offsets``: where each sample's headers begin and where the last one ends
+    (``samples + 1`` byte offsets, int64; uncompressed shards only) -- each when known."""
 
     url: str
     samples: int
     bytes: Optional[int] = None
     ext_bytes: Optional[Dict[str, int]] = field(default=None, hash=False)
+    offsets: Optional[np.ndarray] = field(default=None, hash=False, compare=False, repr=False)
+
+    @staticmethod
+    def offsets_from(values: Optional[Sequence[int]]) -> Optional[np.ndarray]:
+        """``values`` as the read-only int64 array ``offsets`` holds (None stays None)."""
+        if values is None:
+            return None
+        array = np.asarray(values, dtype=np.int64)
+        array.setflags(write=False)
+        return array
 
 
 _scan_cache: Dict[Tuple[str, int, int], ShardStats] = {}
@@ -104,7 +124,7 @@ def scan_shard(url: str, on_error: str = option_default("on_error"), config: Sto
         if key:
             with _scan_lock:
                 _scan_cache[key] = cached
-    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes))
+    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes), ShardInfo.offsets_from(cached.offsets))
 
 
 def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardStats:
@@ -197,7 +217,7 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
                 "appear once: remove one of them"
             )
         first[url] = i
-        shards.append(ShardInfo(url, info.samples, info.bytes, info.ext_bytes))
+        shards.append(dataclasses.replace(info, url=url))
     return shards
 
 
@@ -227,7 +247,30 @@ def _entry(path: str, i: int, entry: object) -> ShardInfo:
         or not all(isinstance(k, str) and _is_count(v) and v >= 0 for k, v in ext_bytes.items())
     ):
         raise bad("ext_bytes", "a mapping of extensions to byte counts (integers >= 0) or absent")
-    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes))
+    offsets = _offsets(entry.get("sample_blocks"), entry["samples"], size, bad)
+    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes), offsets)
+
+
+def _offsets(blocks: object, samples: int, size: Optional[int], bad) -> Optional[np.ndarray]:
+    """The offsets ``sample_blocks`` stands for (see the module), checked."""
+    if blocks is None:
+        return None
+    what = f"{samples} positive block counts separated by spaces (one per sample, within the shard's bytes) or absent"
+    if not isinstance(blocks, str):
+        raise bad("sample_blocks", what)
+    try:
+        counts = np.array(blocks.split(), dtype=np.int64)
+    except (ValueError, OverflowError):
+        raise bad("sample_blocks", what) from None
+    ends = np.cumsum(counts) * BLOCK
+    if len(counts) != samples or (counts < 1).any() or (size is not None and len(ends) and ends[-1] > size):
+        raise bad("sample_blocks", what)
+    return ShardInfo.offsets_from(np.concatenate([[0], ends]))
+
+
+def sample_blocks(offsets: np.ndarray) -> str:
+    """``offsets`` as a manifest's ``sample_blocks`` (see the module)."""
+    return " ".join(str(int(b)) for b in np.diff(offsets) // BLOCK)
 
 
 def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE) -> None:
@@ -248,6 +291,8 @@ def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOption
             entry["bytes"] = int(s.bytes)
         if s.ext_bytes is not None:
             entry["ext_bytes"] = {k: int(v) for k, v in sorted(s.ext_bytes.items())}
+        if s.offsets is not None and s.samples:
+            entry["sample_blocks"] = sample_blocks(s.offsets)
         entries.append(entry)
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
     if remote:

@@ -41,6 +41,8 @@ _MAGIC = {
 class _Decompressed(io.RawIOBase):
     """A decompressing stream that also closes the file under it; not seekable."""
 
+    decompresses = True  # byte offsets in the tar are not offsets in the file
+
     def __init__(self, stream, raw):
         super().__init__()
         self._stream = stream
@@ -118,7 +120,9 @@ def finish_open(raw: BinaryIO, url: str) -> BinaryIO:
     return _decompressing(raw, url)
 
 
-def _open_local(path: str, url: str, size: Optional[int] = None) -> BinaryIO:
+def open_local(path: str, url: str, size: Optional[int] = None) -> BinaryIO:
+    """The local file at ``path`` (shard ``url``), buffered; a ``ShardAccessError`` if it cannot be
+    opened, a ``ShardFormatError`` if it does not have ``size`` bytes (when given)."""
     try:
         f = open(path, "rb", buffering=READ_BUFFER)
     except FileNotFoundError:
@@ -213,13 +217,13 @@ class ShardOpener:
         """The raw stream (see :func:`start_open`)."""
         self.cached, self._tee = None, None
         if not is_remote(self.url):
-            return _open_local(local_path(self.url), self.url, self.size)
+            return open_local(local_path(self.url), self.url, self.size)
         cache = shard_cache(self.config)
         if cache is not None and not from_server:
             self.cached = cache.lookup(self.url, self.size)
             try:
                 if self.cached is not None:
-                    return _open_local(self.cached, self.url)
+                    return open_local(self.cached, self.url)
             except ShardAccessError:  # evicted meanwhile by another process
                 self.cached = None
         self._tee = cache.writer(self.url, self.size) if cache is not None else None

@@ -50,14 +50,17 @@ def is_metadata(name: str) -> bool:
 
 
 class Member:
-    """One regular tar member: its name, the offset of its header, and its data size."""
+    """One regular tar member: its name, the offset of its header, its data size, and ``start``:
+    where reading must begin to reach it (before its long-name or pax headers, and before any
+    non-sample member passed over on the way)."""
 
-    __slots__ = ("name", "header_offset", "size")
+    __slots__ = ("name", "header_offset", "size", "start")
 
-    def __init__(self, name: str, header_offset: int, size: int):
+    def __init__(self, name: str, header_offset: int, size: int, start: Optional[int] = None):
         self.name = name
         self.header_offset = header_offset
         self.size = size
+        self.start = header_offset if start is None else start
 
     def __repr__(self) -> str:
         return f"Member({self.name!r}, header_offset={self.header_offset}, size={self.size})"
@@ -87,20 +90,36 @@ _TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-cr
 
 
 class TarReader:
-    """Reads tar members from a binary stream in order, without materialising the archive."""
+    """Reads tar members from a binary stream in order, without materialising the archive.
 
-    def __init__(self, stream: BinaryIO, url: str):
+    A reader over a *span* of the shard (``span=(start, end)`` byte offsets, the stream positioned
+    at ``start``) begins at the sample at position ``first`` (``start`` is where its headers
+    begin) and ends at ``end`` (where the headers of the sample after the last one wanted begin)
+    as if the archive ended there."""
+
+    def __init__(
+        self,
+        stream: BinaryIO,
+        url: str,
+        *,
+        span: Optional[Tuple[int, int]] = None,
+        first: int = 0,
+        size: Optional[int] = None,
+    ):
         self._f = stream
         self._read = stream.read
         self.url = url
-        self._pos = 0
+        self._pos = 0 if span is None else span[0]
+        self._limit = None if span is None else span[1]
+        self._first = first
         self._seekable = bool(getattr(stream, "seekable", lambda: False)())
-        self._size = None  # known for seekable streams: a skip past it means the shard was cut short
-        if self._seekable:
+        self._size = size  # known for seekable streams: a skip past it means the shard was cut short
+        if self._seekable and size is None:
             here = stream.tell()
             self._size = stream.seek(0, 2)
             stream.seek(here)
-        self.samples_seen = 0  # sample positions ``samples()`` has passed (selected or not)
+        self.samples_seen = first  # sample positions ``samples()`` has passed (selected or not)
+        self.end_offset: Optional[int] = None  # where the end-of-archive marker begins, once reached
 
     # -- low level -----------------------------------------------------------------------
     def _read_exact(self, n: int, what: str) -> bytes:
@@ -170,6 +189,9 @@ class TarReader:
         A shard that ends without one (empty, or cut at a member boundary) is truncated."""
         long_name: Optional[str] = None
         pax: Optional[dict] = None
+        start = self._pos
+        if self._limit is not None and start >= self._limit:
+            return None  # the end of the span
         while True:
             offset = self._pos
             hdr = self._read(BLOCK)
@@ -180,6 +202,7 @@ class TarReader:
                 raise ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
             self._pos = offset + BLOCK
             if hdr[0] == 0 and hdr.count(0) == BLOCK:
+                self.end_offset = offset
                 return None  # end-of-archive marker
             check_header(self.url, hdr, offset)
             typeflag = hdr[156]
@@ -192,7 +215,7 @@ class TarReader:
                         size = pax_size(self.url, pax, name, offset)
                 if size < 0:
                     raise ShardFormatError(self.url, f"member {printable(name)!r}: negative size", hint=_TRUNCATED_HINT)
-                return Member(name, offset, size)
+                return Member(name, offset, size, start)
             if typeflag == 76:  # "L": GNU long name of the next member
                 long_name = decode_name(self._read_exact(size, "long name").split(b"\0", 1)[0])
                 self._skip(-size % BLOCK, "long name padding")
@@ -208,6 +231,8 @@ class TarReader:
             else:  # directories, links, devices, global pax headers: no sample data
                 long_name, pax = None, None
                 self._skip(size + (-size % BLOCK) if typeflag not in _NO_DATA_FLAGS else 0, "skipped member")
+                if self._limit is not None and self._pos >= self._limit:
+                    return None
 
     def read_data(self, member: Member) -> bytes:
         size = member.size
@@ -242,7 +267,7 @@ class TarReader:
         """``(sample position, key, extension, member)`` of every sample member, from the headers
         alone (the data is skipped after each is yielded, so a member whose data is cut short is
         yielded before the error), grouped by the same rules as ``samples``."""
-        position, key = -1, None
+        position, key = self._first - 1, None
         while True:
             member = self.next_member()
             if member is None:
@@ -270,7 +295,7 @@ class TarReader:
         headers alone, as is every sample with ``read=False``. A sample with two members of one
         extension comes with ``error`` set (reading goes on)."""
         current: Optional[RawSample] = None
-        position = -1
+        position = self._first - 1
         taking = False
         key_ext = _KEY_EXT.match
         next_member, skip_data, read_data, read_into = self.next_member, self.skip_data, self.read_data, self.read_into

@@ -47,7 +47,7 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
     """Scan a shard, write its DALI index (uncompressed shards only: DALI's reader cannot read
     compressed ones), and return its ShardInfo for a manifest."""
     idx_path = idx_path or index_path_for(url)
-    samples = []
+    samples, starts = [], []
     stats = ShardStats()
     with open_shard(url) as stream:
         if not stream.seekable():  # decompressing streams are not
@@ -56,11 +56,13 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
                 "is compressed; DALI's webdataset reader reads only uncompressed tars",
                 hint="write uncompressed shards (or pass --no-idx to write only the manifest)",
             )
-        for position, key, ext, member in TarReader(stream, url).scan():
+        reader = TarReader(stream, url)
+        for position, key, ext, member in reader.scan():
             raw_ext = member.name[len(key) + 1 :]  # DALI matches extensions case-sensitively by default
             entry = f"{raw_ext} {member.header_offset + BLOCK} {member.size} {member.name}"
             if position == len(samples):
                 samples.append([entry])
+                starts.append(member.start if position else 0)
             else:
                 samples[-1].append(entry)
             stats.add(ext, member.size)
@@ -76,4 +78,5 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
         for sample in samples:
             f.write(" ".join(sample) + "\n")
     os.replace(tmp, idx_path)
-    return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes)
+    offsets = ShardInfo.offsets_from(starts + [reader.end_offset]) if samples else ShardInfo.offsets_from([0])
+    return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes, offsets)

@@ -82,12 +82,15 @@ class _Closing:
 
 class TarShardFile(_Closing):
     """One shard being written; ``.tar.gz``/``.tgz`` paths are gzip-compressed. ``size`` counts
-    the bytes its members take (see ``member_size``), before compression."""
+    the bytes its members take (see ``member_size``), before compression; ``offsets`` (once
+    closed, uncompressed shards only) where each sample begins and the last one ends, for its
+    manifest entry."""
 
     def __init__(self, path: str):
         self.path = path
         self.count = 0
         self.size = 0
+        self.offsets: Optional[List[int]] = []
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._file = open(path, "wb")
         self._gzip = None
@@ -104,6 +107,7 @@ class TarShardFile(_Closing):
         members = {ext.lstrip("."): _member_bytes(v) for ext, v in sample.items() if not ext.startswith("__")}
         if not members:
             raise ConfigError(f"sample {key!r} has no members")
+        self.offsets.append(self._tar.offset)
         for ext, data in members.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size = len(data)
@@ -117,6 +121,7 @@ class TarShardFile(_Closing):
 
     def close(self) -> None:
         if self._tar is not None:
+            self.offsets = None if self._gzip is not None else self.offsets + [self._tar.offset]
             self._tar.close()
             if self._gzip is not None:
                 self._gzip.close()
@@ -210,7 +215,7 @@ def _write_files_shard(task) -> "ShardInfo":
                 sample["cls"] = str(src.label)
                 stats.add("cls", len(sample["cls"]))
             shard.add(sample)
-    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes)
+    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes, ShardInfo.offsets_from(shard.offsets))
 
 
 def write_dataset(

@@ -42,6 +42,8 @@ def test_write_an_image_folder(tmp_path, capsys):
     assert len(shards) == 5
     manifest = read_manifest(str(out / "manifest.json"))
     assert [s.samples for s in manifest] == [10, 10, 10, 10, 7]
+    scanned = scan_shards([os.path.join(str(out), s.url) for s in manifest])
+    assert [s.offsets.tolist() for s in manifest] == [s.offsets.tolist() for s in scanned], "sample offsets recorded"
     assert [s.samples for s in scan_shards(shards)] == [10, 10, 10, 10, 7]
     classes = json.loads((out / "classes.json").read_text())
     assert len(classes) == 19 and sorted(classes.values()) == list(range(19))
@@ -241,7 +243,9 @@ def test_numeric_classes_need_numbers(tmp_path, capsys):
 def test_index_writes_manifest_and_dali_index(tmp_path):
     paths = write_sample_shards(str(tmp_path), shard_sizes=(4, 0, 7))
     assert cli("index", tmp_path / "sample-*.tar", "--quiet") == 0
-    assert [s.samples for s in read_manifest(str(tmp_path / "manifest.json"))] == [4, 0, 7]
+    indexed = read_manifest(str(tmp_path / "manifest.json"))
+    assert [s.samples for s in indexed] == [4, 0, 7]
+    assert [None if s.offsets is None else len(s.offsets) for s in indexed] == [5, None, 8], "sample offsets recorded"
     assert resolve_source(str(tmp_path / "manifest.json")) == resolve_source(paths)
     # the index files are the ones DALI's wds2idx writes, and DALI's reader uses them
     wds2idx = os.path.join(os.path.dirname(sys.executable), "wds2idx")

@@ -140,6 +140,12 @@ GOOD = {"url": "a.tar", "samples": 3, "bytes": 10240, "ext_bytes": {"txt": 30}}
         ({"version": 1, "shards": [{**GOOD, "ext_bytes": [["txt", 3]]}]}, 'entry 0.*"ext_bytes"'),
         ({"version": 1, "shards": [{**GOOD, "ext_bytes": {"txt": "30"}}]}, 'entry 0.*"ext_bytes"'),
         ({"version": 1, "shards": [{**GOOD, "ext_bytes": {"txt": -3}}]}, 'entry 0.*"ext_bytes"'),
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": [3, 4, 5]}]}, 'entry 0.*"sample_blocks"'),
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": "3 4"}]}, 'entry 0.*"sample_blocks"'),  # one per sample
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": "3 0 5"}]}, 'entry 0.*"sample_blocks"'),
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": "3 x 5"}]}, 'entry 0.*"sample_blocks"'),
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": "9 9 9"}]}, 'entry 0.*"sample_blocks"'),  # past bytes
+        ({"version": 2, "shards": [{**GOOD, "sample_blocks": "3 4 99999999999999999999"}]}, '"sample_blocks"'),
     ],
 )
 def test_every_manifest_field_is_checked(tmp_path, doc, where):
@@ -156,6 +162,13 @@ def test_a_valid_manifest_still_reads(tmp_path):
     path.write_text(json.dumps(doc))
     a, b = read_manifest(str(path))
     assert (a.samples, a.bytes, a.ext_bytes) == (3, 10240, {"txt": 30}) and (b.bytes, b.ext_bytes) == (None, None)
+    assert a.offsets is None, "a version-1 manifest has no sample offsets"
+    doc["version"], doc["shards"][0] = 2, {**GOOD, "sample_blocks": "3 4 5"}
+    path.write_text(json.dumps(doc))
+    a, _ = read_manifest(str(path))
+    assert a.offsets.tolist() == [0, 1536, 3584, 6144]
+    write_manifest(str(tmp_path / "again.json"), [a])
+    assert json.loads((tmp_path / "again.json").read_text())["shards"][0]["sample_blocks"] == "3 4 5"
 
 
 def test_a_shard_listed_twice_is_refused(indexed, tmp_path):

@@ -117,7 +117,8 @@ class StorageOptions:
     ranged request and ``chunks_ahead`` how many of them each open shard holds ready. A failed
     request is retried ``retries`` times, waiting ``backoff`` seconds and doubling up to
     ``max_backoff``; ``request_timeout`` is the longest wait for bytes over HTTP and the longest
-    request elsewhere. ``cache_dir`` keeps completely read remote shards on local disk, evicting
+    request elsewhere. ``read_window`` bounds the bytes of remote shards a worker holds (fetched
+    ahead or in flight) when it reads pieces of many shards at once (the interleaved shuffle). ``cache_dir`` keeps completely read remote shards on local disk, evicting
     the least recently used beyond ``cache_limit`` bytes (None: no limit).
     """
 
@@ -125,6 +126,7 @@ class StorageOptions:
     read_ahead: int = 2
     chunk_size: int = 8 << 20
     chunks_ahead: int = 2
+    read_window: int = 128 << 20
     retries: int = 5
     backoff: float = 0.5
     max_backoff: float = 30.0
@@ -142,7 +144,7 @@ class StorageOptions:
         set_("storage_options", dict(opts))
         for name in ("read_ahead", "retries"):
             set_(name, _int(name, getattr(self, name), 0))
-        for name in ("chunk_size", "chunks_ahead"):
+        for name in ("chunk_size", "chunks_ahead", "read_window"):
             set_(name, _int(name, getattr(self, name), 1))
         set_("request_timeout", _seconds("request_timeout", self.request_timeout))
         set_("max_backoff", _seconds("max_backoff", self.max_backoff))
@@ -237,6 +239,10 @@ class ShardedOptions:
         unknown = set(keywords) - set(OPTION_KEYWORDS)
         if unknown:
             raise ConfigError(f"unknown sharded_pipeline option(s) {sorted(unknown)}")
+        required = [f.name for f in dataclasses.fields(cls) if f.name != "storage" and _required(f)]
+        missing = [name for name in required if name not in keywords]
+        if missing:
+            raise ConfigError(f"sharded_pipeline needs {', '.join(f'{m}=' for m in missing)} (no default)")
         return cls(storage=StorageOptions(**storage), **keywords)
 
     def replace(self, **keywords: Any) -> "ShardedOptions":
@@ -273,6 +279,10 @@ def _fields(fields: Any) -> Tuple[str, ...]:
     return tuple(fields)
 
 
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
 def option_default(name: str) -> Any:
     """The default of option ``name`` (written once, in ``ShardedOptions``/``StorageOptions``)."""
     for cls in (ShardedOptions, StorageOptions):
@@ -285,8 +295,8 @@ def option_default(name: str) -> Any:
     raise KeyError(f"option {name!r} has no default")
 
 
-STORAGE_KEYWORDS: Tuple[str, ...] = ("storage_options", "read_ahead", "retries", "request_timeout", "cache_dir",
-                                     "cache_limit")
+STORAGE_KEYWORDS: Tuple[str, ...] = ("storage_options", "read_ahead", "read_window", "retries", "request_timeout",
+                                     "cache_dir", "cache_limit")
 OPTION_KEYWORDS: Tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(ShardedOptions) if f.name != "storage"
 ) + STORAGE_KEYWORDS

@@ -19,12 +19,29 @@ def http_status(exc: BaseException) -> Optional[int]:
     return status if isinstance(status, int) else None
 
 
+def answer_status(exc: BaseException) -> Optional[int]:
+    """The HTTP status of the server's answer behind ``exc`` (its own ``status``/``code``, or a
+    botocore ``ClientError``'s that an fsspec backend wrapped, as s3fs does in an ``OSError``);
+    None if there was none."""
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int):
+        return status
+    seen = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        status = ((getattr(e, "response", None) or {}).get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if isinstance(status, int):
+            return status
+        e = e.__cause__
+    return None
+
+
 def permanent(exc: BaseException) -> bool:
     """Errors that retrying cannot fix."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return True
-    status = getattr(exc, "status", None) or getattr(exc, "code", None)
-    return isinstance(status, int) and status in _NOT_RETRIED
+    return answer_status(exc) in _NOT_RETRIED
 
 
 def _host_port(url: str) -> str:

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
-from dali_shards.io.fsrequest import access_error, http_status, permanent, stale_error, timed
+from dali_shards.io.fsrequest import access_error, answer_status, permanent, stale_error, timed
 
 if TYPE_CHECKING:
     from dali_shards.options import StorageOptions
@@ -189,8 +189,15 @@ class RangeReader:
                 self._back_off(what, exc, attempt)
         raise AssertionError("unreachable")
 
-    def _permanent_error(self, what: str, exc: BaseException) -> ShardAccessError:
-        reason = "not found" if isinstance(exc, FileNotFoundError) or http_status(exc) in (404, 410) else exc
+    def _permanent_error(self, what: str, exc: BaseException) -> ShardError:
+        status = answer_status(exc)
+        if status == 416:
+            return ShardFormatError(
+                self.url,
+                f"{what}: the object ends before that range (416): it is shorter than when it was indexed",
+                hint="run `dali-shards index` on the shards again (it rewrites the manifest)",
+            )
+        reason = "not found" if isinstance(exc, FileNotFoundError) or status in (404, 410) else exc
         return ShardAccessError(
             self.url,
             f"{what}: {reason}",

@@ -57,9 +57,11 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             ``"drop"`` (only complete global batches).
         shuffle_buffer: samples each worker holds for its buffer shuffle (contiguous runs only).
         shuffle_block: shards whose samples are interleaved at once (at least the batch size is
-            used); each worker reads a piece of each and holds one open piece per shard of the
-            block. 0 turns interleaving off (contiguous runs through the buffer). Remote shards, and
-            datasets with fewer shards than 8 or a worker's share of a batch, use contiguous runs.
+            used); each rank reads a piece of each, its workers a part of that piece, sample by
+            sample at the offsets the shards' index records. 0 turns interleaving off (contiguous
+            runs through the buffer), as do datasets with fewer shards than 8 or a worker's share
+            of a batch, and shards without sample offsets (compressed, or listed in a version-1
+            manifest: rewrite it with ``dali-shards index``).
         start_epoch: the epoch the pipeline starts at (its shuffle and plan).
         worker_prefetch: batches each worker prepares ahead.
         resume_from: a ``state_dict()`` of ``DALIShardedIterator`` (or ``pipe.dali_shards.state``):
@@ -73,8 +75,13 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             per protocol (``{"s3": {...}, "https": {...}}``); the standard environment
             (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...) applies too.
         read_ahead: remote shards each worker opens ahead of the one it reads (0: none).
+        read_window: bytes of remote shards each worker holds ahead when it reads pieces of many
+            shards at once (interleaving): requests of ``read_window / (2 k)`` bytes, ``k`` the
+            shards it reads at once (about ``shuffle_block / py_num_workers``), at least 256 KiB
+            and at most 8 MiB, fetched in the order they are needed by 8 threads.
         cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
-            least recently used beyond ``cache_limit`` bytes (None: no limit).
+            least recently used beyond ``cache_limit`` bytes (None: no limit). Only whole-shard
+            reads (contiguous runs, streaming) use it; interleaved reads fetch ranges.
         retries, request_timeout: a failed or stalled remote request is retried with exponential
             backoff, resumed at the first missing byte. Over HTTP ``request_timeout`` is the
             longest wait for the next bytes; elsewhere the longest request (a slow one is split).

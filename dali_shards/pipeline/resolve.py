@@ -89,6 +89,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         rank=rank,
         urls=tuple(s.url for s in shards),
         byte_sizes=tuple(s.bytes for s in shards),
+        offsets=tuple(s.offsets for s in shards) if streaming is None and spec.shuffle_block else (),
         layout=layout,
         on_error=options.on_error,
         image_check=options.image_check,
@@ -128,7 +129,13 @@ def _specs(
         last_batch=options.last_batch,
     )
     if not options.streaming:
-        block = options.shuffle_block if not any(is_remote(s.url) for s in shards) else 0  # see the README
+        block = options.shuffle_block if options.shuffle and options.shuffle_block and _indexed(shards) else 0
+        if block and options.storage.cache_dir and any(is_remote(s.url) for s in shards):
+            log.warning(
+                "dali_shards: cache_dir is set, but interleaved shuffling (shuffle_block=%d) reads remote shards in "
+                "ranged pieces, which are not cached; shuffle_block=0 streams and caches whole shards (batches then "
+                "mix less if the shards are class-sorted)", block,
+            )  # fmt: skip
         sizes = tuple(s.samples for s in shards)
         return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, **layout), None
     streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
@@ -139,6 +146,20 @@ def _specs(
             streaming.num_virtual_workers,
         )
     return streaming.as_plan_spec(options.shuffle_buffer), streaming
+
+
+def _indexed(shards: Sequence[ShardInfo]) -> bool:
+    """Whether every non-empty shard's sample offsets are known (interleaving reads by them);
+    says once why not, and what to do."""
+    missing = [s for s in shards if s.samples and s.offsets is None]
+    if missing:
+        log.warning(
+            "dali_shards: %d of %d shards (e.g. %s) have no sample offsets (compressed, or listed in a version-1 "
+            "manifest): workers read contiguous runs, so batches mix less than with interleaving (shuffle_block). "
+            "Rewrite the manifest with `dali-shards index`, or store the shards uncompressed.",
+            len(missing), len(shards), missing[0].url,
+        )  # fmt: skip
+    return not missing
 
 
 def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:

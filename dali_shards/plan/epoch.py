@@ -6,12 +6,13 @@ per-rank batch size, last-batch mode, shuffle settings):
 1. The shard order is shuffled with an RNG keyed by ``(seed, epoch)`` -- identical in every
    process -- or kept canonical when ``shuffle=False``.
 2. The samples, in that shard order, form one sequence. When shuffling with ``shuffle_block`` > 0
-   (and enough shards, see ``interleave``), virtual worker ``v = rank * py_num_workers + worker``
-   (of ``V = world_size * py_num_workers``) reads piece ``v`` of every shard, blocks of shards at
-   a time, and emits the pieces interleaved: batches as mixed as a global shuffle even from
-   class-sorted shards. Otherwise it gets the balanced contiguous run ``[v * T // V, (v + 1) * T // V)``
-   and emits it through a buffer shuffle keyed by ``(seed, epoch, v)`` (or in order). Either way
-   workers' shares differ by at most one sample.
+   (and enough shards, see ``interleave``), each rank reads a piece of every shard, blocks of
+   shards at a time, and visits the pieces interleaved; its workers share the visits batch by
+   batch, each reading a contiguous part of every piece it visits: batches as mixed as a global
+   shuffle even from class-sorted shards. Otherwise virtual worker
+   ``v = rank * py_num_workers + worker`` (of ``V = world_size * py_num_workers``) gets the balanced
+   contiguous run ``[v * T // V, (v + 1) * T // V)`` and emits it through a buffer shuffle keyed by
+   ``(seed, epoch, v)`` (or in order). Either way workers' shares differ by at most one sample.
 3. Each worker emits ``mini_batch = batch_size // py_num_workers`` samples per step, for ``steps`` steps -- the same
    number on every rank. With ``last_batch="pad"`` the tail is padded with a real sample marked
    invalid; with ``last_batch="drop"`` only whole global batches are planned and the rest of the
@@ -37,7 +38,7 @@ from dali_shards.plan.geometry import BatchLayout, Segment, check_positive
 from dali_shards.plan import interleave
 from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
 
 

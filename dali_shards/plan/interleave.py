@@ -1,26 +1,29 @@
-"""The interleaved planner: every worker reads a piece of many shards at once and emits their
+"""The interleaved planner: every worker reads pieces of many shards at once and emits their
 samples interleaved, so that batches are as mixed as a global shuffle even from class-sorted
 shards. Pure, no I/O, no DALI.
 
 In the epoch's shuffled shard order, shards form blocks of ``block`` shards. Each shard's
-available samples are cut into ``V`` contiguous pieces (``V`` = all ranks' workers), sizes
-differing by at most one, the larger pieces dealt round-robin across shards so that every
-worker's total differs from any other's by at most one sample. Virtual worker ``v`` reads piece
-``v`` of every shard of a block, each piece sequentially, and emits the block's pieces
-interleaved: sample ``k`` of a piece of ``p`` samples has key ``(k + phase) / p``, where the
-phase spreads the block's shards evenly over ``[0, 1)`` (by a seeded rank shared by all workers,
-offset by ``v * mini_batch`` so that the workers of a rank stand at different shards). Sorted by
-key, consecutive samples come from different shards, and a per-rank batch from as many shards as
-it has samples when the block has that many.
+available samples are cut into ``world_size`` contiguous *rank pieces*, sizes differing by at most
+one, the larger pieces dealt round-robin across shards so that the ranks' totals differ by at most
+one sample. In each block, a rank's pieces are laid end to end in a seeded order (the same in
+every process, new every epoch) and cut into ``py_num_workers`` contiguous parts, sizes differing
+by at most one (carried over from block to block, so that every worker's total differs from any
+other's by at most one): a worker reads whole pieces (and at most two partial ones, at the ends of
+its part) of about ``block / py_num_workers`` shards, and no two workers of a rank read the same
+samples.
 
-A worker holds one open piece per shard of the current block: memory ``block x (one sample +
-the reader's buffer)``, whatever the dataset's size.
+A worker emits its pieces of a block interleaved: sample ``k`` of a piece of ``p`` samples has key
+``(k + j / n) / p`` for the ``j``-th of its ``n`` pieces, so that, sorted by key, consecutive
+samples come from different shards and every piece is spread evenly over the block. A rank's batch
+takes ``mini_batch`` consecutive samples from each worker: from as many shards as it has samples
+when the block has that many (``block >= batch_size``) and they are of similar size. A worker reads about
+``block / py_num_workers`` shards at once (``worker/pieces.py`` says what that costs in memory).
 """
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,49 +34,63 @@ from dali_shards.plan.random import TAG_BATCH_ORDER, TAG_BLOCK, permutation
 MIN_SHARDS = 8
 
 
-def piece_bounds(size: int, workers: int, carry: int) -> Tuple[np.ndarray, int]:
-    """Start offsets (``workers + 1``) of the pieces of a run of ``size`` samples, the extra
-    samples going to workers ``carry, carry + 1, ...`` (mod ``workers``); and the next carry."""
-    q, r = divmod(size, workers)
-    extra = ((np.arange(workers) - carry) % workers < r).astype(np.int64)
-    return np.concatenate([[0], np.cumsum(q + extra)]), (carry + r) % workers
+def piece_bounds(size: int, parts: int, carry: int) -> Tuple[np.ndarray, int]:
+    """Start offsets (``parts + 1``) of the pieces of a run of ``size`` samples, the extra
+    samples going to parts ``carry, carry + 1, ...`` (mod ``parts``); and the next carry."""
+    q, r = divmod(size, parts)
+    extra = ((np.arange(parts) - carry) % parts < r).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(q + extra)]), (carry + r) % parts
 
 
-def worker_pieces(
-    runs: Sequence[np.ndarray], workers: int, v: int, block: int
+def rank_pieces(runs: Sequence[np.ndarray], world: int, rank: int) -> List[np.ndarray]:
+    """Rank ``rank``'s piece (positions) of each run; ``runs`` are the positions available in each
+    shard, shards in the epoch's order."""
+    carry, pieces = 0, []
+    for run in runs:
+        bounds, carry = piece_bounds(len(run), world, carry)
+        pieces.append(run[bounds[rank] : bounds[rank + 1]])
+    return pieces
+
+
+def block_order(first: int, width: int, b: int, seed: int, epoch: int) -> List[int]:
+    """The runs of block ``b`` (``width`` runs from ``first``) in the order the rank's workers
+    share them (seeded, the same in every process)."""
+    return (first + np.argsort(permutation(width, TAG_BLOCK, seed, epoch, b), kind="stable")).tolist()
+
+
+def block_totals(lengths: Sequence[int], block: int) -> List[int]:
+    """Samples per block, given each run's piece length."""
+    return [int(sum(lengths[i : i + block])) for i in range(0, len(lengths), block)]
+
+
+def worker_parts(
+    pieces: Sequence[np.ndarray], block: int, workers: int, worker: int, seed: int, epoch: int
 ) -> List[List[Tuple[int, np.ndarray]]]:
-    """Per block, the ``(run index, positions)`` pieces worker ``v`` reads; ``runs`` are the
-    positions available in each shard, shards in the epoch's order."""
+    """Per block, the ``(run index, positions)`` parts of the rank's ``pieces`` that ``worker``
+    reads (see the module)."""
     carry, blocks = 0, []
-    for first in range(0, len(runs), block):
-        pieces = []
-        for i in range(first, min(first + block, len(runs))):
-            bounds, carry = piece_bounds(len(runs[i]), workers, carry)
-            piece = runs[i][bounds[v] : bounds[v + 1]]
-            if len(piece):
-                pieces.append((i, piece))
-        blocks.append(pieces)
+    for b, first in enumerate(range(0, len(pieces), block)):
+        order = block_order(first, min(block, len(pieces) - first), b, seed, epoch)
+        lengths = [len(pieces[i]) for i in order]
+        bounds, carry = piece_bounds(sum(lengths), workers, carry)
+        lo, hi = int(bounds[worker]), int(bounds[worker + 1])
+        parts, start = [], 0
+        for i, n in zip(order, lengths):
+            a, z = max(lo, start) - start, min(hi, start + n) - start
+            if a < z:
+                parts.append((i, pieces[i][a:z]))
+            start += n
+        blocks.append(parts)
     return blocks
 
 
-def interleaved(
-    runs: Sequence[np.ndarray], workers: int, v: int, block: int, mini_batch: int, seed: int, epoch: int
-) -> np.ndarray:
-    """Worker ``v``'s emission order (positions), block after block (see the module)."""
-    out = []
-    for b, pieces in enumerate(worker_pieces(runs, workers, v, block)):
-        if not pieces:
-            continue
-        width = min(block, len(runs) - b * block)
-        rank = permutation(width, TAG_BLOCK, seed, epoch, b)  # each shard's place, shared by all workers
-        keys, positions = [], []
-        for i, piece in pieces:
-            phase = ((rank[i - b * block] + v * mini_batch) % width) / width
-            keys.append((np.arange(len(piece)) + phase) / len(piece))
-            positions.append(piece)
-        keys_all = np.concatenate(keys)
-        out.append(np.concatenate(positions)[np.argsort(keys_all, kind="stable")])
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+def interleaved(parts: Sequence[Tuple[int, np.ndarray]]) -> np.ndarray:
+    """The positions of one block's parts, interleaved (see the module)."""
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    n = len(parts)
+    keys = np.concatenate([(np.arange(len(p)) + j / n) / len(p) for j, (_, p) in enumerate(parts)])
+    return np.concatenate([p for _, p in parts])[np.argsort(keys, kind="stable")]
 
 
 class Interleaving:
@@ -108,40 +125,62 @@ class Interleaving:
         return [self.subset[cut[i] : cut[i + 1]] for i in range(len(ends))]
 
     @cached_property
+    def _rank_pieces(self) -> Dict[int, List[np.ndarray]]:
+        return {}
+
+    def _pieces_of(self, rank: int) -> List[np.ndarray]:
+        """Rank ``rank``'s pieces (computed once per plan)."""
+        if rank not in self._rank_pieces:
+            self._rank_pieces[rank] = rank_pieces(self._runs, self.spec.world_size, rank)
+        return self._rank_pieces[rank]
+
+    @cached_property
     def _piece_counts(self) -> np.ndarray:
-        """Valid samples per virtual worker: its pieces' sizes (at most its share of ``planned``)."""
-        workers, carry = self.spec.num_virtual_workers, 0
-        counts = np.zeros(workers, dtype=np.int64)
-        for run in self._runs:
-            bounds, carry = piece_bounds(len(run), workers, carry)
-            counts += np.diff(bounds)
-        return np.minimum(counts, self.steps * self.spec.mini_batch)
+        """Valid samples per virtual worker: its parts' sizes (at most its share of ``planned``)."""
+        spec, carry = self.spec, 0
+        lengths = np.zeros((spec.world_size, len(self._runs)), dtype=np.int64)
+        for s, run in enumerate(self._runs):
+            bounds, carry = piece_bounds(len(run), spec.world_size, carry)
+            lengths[:, s] = np.diff(bounds)
+        counts = np.zeros(spec.num_virtual_workers, dtype=np.int64)
+        for rank in range(spec.world_size):
+            carry = 0
+            for total in block_totals(lengths[rank], self.block):
+                bounds, carry = piece_bounds(total, spec.py_num_workers, carry)
+                counts[rank * spec.py_num_workers : (rank + 1) * spec.py_num_workers] += np.diff(bounds)
+        return np.minimum(counts, self.steps * spec.mini_batch)
+
+    def _worker_blocks(self, v: int) -> List[List[Tuple[int, np.ndarray]]]:
+        spec = self.spec
+        rank, worker = divmod(v, spec.py_num_workers)
+        return worker_parts(self._pieces_of(rank), self.block, spec.py_num_workers, worker, spec.seed, self.epoch)
 
     def worker_read_order(self, v: int) -> np.ndarray:
-        """The order in which worker ``v`` reads its samples when interleaving (its emission order
-        is this one through its shuffle buffer)."""
-        return self._interleaved(v)
-
-    def _interleaved(self, v: int) -> np.ndarray:
-        spec = self.spec
-        order = interleaved(
-            self._runs, spec.num_virtual_workers, v, self.block, spec.mini_batch, spec.seed, self.epoch
-        )
-        return order[: self.worker_valid_count(v)]
+        """The order in which worker ``v`` reads its samples when interleaving (it emits them in
+        this order, shuffled within each step)."""
+        order = [interleaved(parts) for parts in self._worker_blocks(v)]
+        seq = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+        return seq[: self.worker_valid_count(v)]
 
     def worker_pieces(self, v: int) -> List[Segment]:
-        """The pieces worker ``v`` reads under this plan, in reading order (interleaving only)."""
-        pieces = worker_pieces(self._runs, self.spec.num_virtual_workers, v, self.block)
-        out = []
-        for _, piece in (p for block in pieces for p in block):
-            shard, local = self.locate(piece[[0, -1]])
-            out.append(Segment(int(shard[0]), int(local[0]), int(local[1]) + 1, int(piece[0])))
+        """The pieces worker ``v`` reads under this plan, in reading order (interleaving only): per
+        shard, the stretch from its first sample there to its last."""
+        out, left = [], self.worker_valid_count(v)
+        for parts in self._worker_blocks(v):
+            first_keys = [j / len(parts) / len(piece) for j, (_, piece) in enumerate(parts)]
+            for k in np.argsort(first_keys, kind="stable"):
+                piece = parts[k][1]
+                shard, local = self.locate(piece[[0, -1]])
+                out.append(Segment(int(shard[0]), int(local[0]), int(local[1]) + 1, int(piece[0])))
+            left -= sum(len(p) for _, p in parts)
+            if left <= 0:  # what 'drop' leaves out is not read
+                break
         return out
 
     def _interleaved_emissions(self, v: int) -> Iterator[int]:
-        """Worker ``v``'s emission order: the interleaved order, shuffled within each step's share
-        (a step keeps its samples, from as many shards as it has samples)."""
-        seq = self._interleaved(v)
+        """Worker ``v``'s emission order: its reading order, shuffled within each step's share (a
+        step keeps its samples, from as many shards as it has samples)."""
+        seq = self.worker_read_order(v)
         perm = permutation(len(seq), TAG_BATCH_ORDER, self.spec.seed, self.epoch, v)
         order = np.lexsort((perm, np.arange(len(seq)) // self.spec.mini_batch))  # by step, then at random
         return iter(seq[order].tolist())

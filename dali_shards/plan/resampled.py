@@ -73,7 +73,7 @@ class StreamingSpec(BatchLayout):
         virtual worker (used for step counts, masks and resume state, which records the real seed,
         shuffle and ``shuffle_buffer``)."""
         layout = {**self.layout_fields(), "last_batch": LastBatch.PAD}
-        return PlanSpec((self.quota,) * self.num_virtual_workers, shuffle_buffer=shuffle_buffer, **layout)
+        return PlanSpec((self.quota,) * self.num_virtual_workers, shuffle_buffer=shuffle_buffer, shuffle_block=0, **layout)
 
 
 def stream_index(shard: int, position: int) -> int:

@@ -29,3 +29,13 @@ def run_epochs(pipe: Any, epochs: int) -> List[List[tuple]]:
         pipe.reset()
         result.append(steps)
     return result
+
+
+def worker_peak_rss(pipe: Any) -> float:
+    """The largest peak resident memory (``VmHWM``) of a built pipeline's Python workers, in MB
+    (Linux)."""
+    peaks = []
+    for pid in pipe._py_pool.pids():
+        with open(f"/proc/{pid}/status") as f:
+            peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")]
+    return max(peaks)

@@ -318,19 +318,22 @@ class S3Server:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m dali_shards.testing.servers s3 | proxy HOST:PORT [--delay S]``: run a server until
-    killed, printing its port on the first line (for benchmarks that keep servers out of the
-    measured process)."""
+    """``python -m dali_shards.testing.servers s3 | http DIR | proxy HOST:PORT [--delay S]``: run a
+    server until killed, printing its port on the first line (for benchmarks that keep servers out
+    of the measured process)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("what", choices=("s3", "proxy"))
-    ap.add_argument("upstream", nargs="?", help="HOST:PORT (proxy)")
+    ap.add_argument("what", choices=("s3", "http", "proxy"))
+    ap.add_argument("upstream", nargs="?", help="HOST:PORT (proxy) or the directory to serve (http)")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds added to each request (proxy)")
     args = ap.parse_args(argv)
     if args.what == "s3":
         server = S3Server()
         print(server.port, flush=True)
+    elif args.what == "http":
+        http = HTTPShardServer(args.upstream)
+        print(http.port, flush=True)
     else:
         host, port = args.upstream.rsplit(":", 1)
         proxy = DelayProxy((host, int(port)), delay=args.delay)

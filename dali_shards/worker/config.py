@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
+import numpy as np
+
 from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
@@ -19,6 +21,8 @@ class WorkerConfig:
     ``spec`` is a ``PlanSpec`` (planned mode) or a ``StreamingSpec`` (streaming mode). A resumed
     pipeline's first epoch is ``resume_plan`` (planned mode) or ``first_steps`` long (streaming
     mode). ``control`` is the path of the pipeline's control block (None: no supervision).
+    ``offsets`` holds, per shard, where each sample begins and the last one ends (see
+    ``catalog.manifest.ShardInfo``), or None where unknown (the worker then scans a local shard).
     """
 
     spec: Union[PlanSpec, StreamingSpec]
@@ -27,6 +31,7 @@ class WorkerConfig:
     urls: Tuple[str, ...]
     byte_sizes: Tuple[Optional[int], ...]
     layout: SampleLayout
+    offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     image_check: ImageCheck = ImageCheck(option_default("image_check"))
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -41,6 +46,10 @@ class WorkerConfig:
             object.__setattr__(self, "byte_sizes", (None,) * len(self.urls))
         if len(self.byte_sizes) != len(self.urls):
             raise ValueError("one byte size (or None) per shard URL is required")
+        if not self.offsets:
+            object.__setattr__(self, "offsets", (None,) * len(self.urls))
+        if len(self.offsets) != len(self.urls):
+            raise ValueError("one offsets array (or None) per shard URL is required")
         object.__setattr__(self, "on_error", OnError(self.on_error))
         object.__setattr__(self, "image_check", ImageCheck(self.image_check))
 

@@ -10,18 +10,15 @@ imports no DALI.
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.epoch import EpochPlan
-from dali_shards.plan.geometry import Segment
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
 from dali_shards.worker.process import ProcessEpochs
-from dali_shards.worker.reader import Item, ShardFailed, ShardReader, Skipped
+from dali_shards.worker.pieces import read_interleaved, read_segments
+from dali_shards.worker.reader import Item, ShardReader, Skipped
 
 
 class WorkerSource(ProcessEpochs):
@@ -92,10 +89,10 @@ class EpochBatches:
         v = src.config.virtual_worker
         if plan.interleaving and plan.worker_valid_count(v):
             order = [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]
-            self._samples = _read_pieces(plan, plan.worker_pieces(v), order, needed.__contains__, reader)
+            self._samples = read_interleaved(plan, order, needed.__contains__, reader)
             return
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
-        self._samples = _read_segments(plan, reads, needed.__contains__, reader)
+        self._samples = read_segments(plan, reads, needed.__contains__, reader)
 
     def _ends_at(self) -> int:
         """The step this epoch ends at: its last, or where the main process cut it short."""
@@ -161,58 +158,3 @@ class EpochBatches:
         self._pending.clear()
         self._last = (-1, None)
 
-
-def _read_pieces(
-    plan: EpochPlan, pieces: List[Segment], order: List[int], needed, reader: ShardReader
-) -> Iterator[Tuple[int, Item]]:
-    """(epoch position, packed sample) in reading ``order``, each piece read sequentially by a
-    cursor of its own, opened when first needed and closed when its last needed sample is read:
-    at most one open cursor per piece of the current block."""
-    starts = [seg.position for seg in pieces]
-    owner = [bisect.bisect_right(starts, pos) - 1 for pos in order]
-    left = Counter(owner)
-    cursors: Dict[int, Iterator[Tuple[int, Item]]] = {}
-    try:
-        for i in owner:
-            cursor = cursors.get(i)
-            if cursor is None:
-                cursor = cursors[i] = _read_segments(plan, [pieces[i]], needed, reader)
-            yield next(cursor)
-            left[i] -= 1
-            if not left[i]:
-                cursors.pop(i).close()
-    finally:
-        for cursor in cursors.values():
-            cursor.close()
-
-
-def _read_segments(
-    plan: EpochPlan, segments: List[Segment], needed, reader: ShardReader
-) -> Iterator[Tuple[int, Item]]:
-    """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
-    the others are passed over by their headers. Under ``on_error="skip"`` every needed sample
-    left in a shard that cannot be read on comes as a ``Skipped``."""
-    openers = reader.open_ahead([seg.shard for seg in segments])
-    try:
-        for seg, opener in zip(segments, openers):
-            offset = int(plan.canonical_starts[seg.shard])
-            base = seg.position - seg.first  # sequence position of the shard's sample 0
-            done = seg.first
-            for got in reader.samples(
-                seg.shard,
-                opener,
-                index=lambda local, offset=offset: offset + local,
-                start=seg.first,
-                stop=seg.stop,
-                select=lambda local, base=base: needed(base + local),
-            ):
-                if isinstance(got, ShardFailed):
-                    for local in range(done, seg.stop):
-                        if needed(base + local):
-                            yield base + local, Skipped(offset + local, got.url, None, got.reason)
-                    break
-                local, item = got
-                done = local + 1
-                yield base + local, item
-    finally:
-        openers.close()

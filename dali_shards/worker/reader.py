@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import lzma
 import zlib
-from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
+from dali_shards.io.positioned import sample_in_span
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.io.tarformat import TarReader
 from dali_shards.worker.config import WorkerConfig
@@ -99,19 +100,35 @@ class ShardReader:
             log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)
             yield ShardFailed(url, error.detail)
 
+    def sample_at(self, shard: int, position: int, data: bytes, span: Tuple[int, int], index: int) -> Item:
+        """The shard's sample at ``position`` from the bytes of its ``span``, packed as
+        ``__index__`` ``index``; under ``on_error="skip"`` a ``Skipped`` if it is bad."""
+        self.progress()
+        layout, url = self.config.layout, self.config.urls[shard]
+        try:
+            sample = sample_in_span(data, url, span, position, layout.extensions, layout.destination)
+        except ShardFormatError as exc:
+            if not self.config.skips:
+                raise
+            log.warning("dali_shards: skipping sample %d of shard %s: %s", position, url, exc.detail)
+            return Skipped(index, url, None, exc.detail)
+        return self._pack(sample, url, index)
+
+    def _pack(self, sample, url: str, index: int) -> Item:
+        try:
+            return self.config.layout.pack(sample, index)
+        except ShardError as exc:
+            if not self.config.skips:
+                raise
+            log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
+            return Skipped(index, url, sample.key, exc.detail)
+
     def _read(self, shard, stream, index, start, stop, select):
         layout, url = self.config.layout, self.config.urls[shard]
         reader = TarReader(stream, url)
         for sample in reader.samples(layout.extensions, start=start, stop=stop, into=layout.destination, select=select):
             self.progress()
-            try:
-                item: Item = layout.pack(sample, index(sample.position))
-            except ShardError as exc:
-                if not self.config.skips:
-                    raise
-                item = Skipped(index(sample.position), url, sample.key, exc.detail)
-                log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
-            yield sample.position, item
+            yield sample.position, self._pack(sample, url, index(sample.position))
         if stop is not None and reader.samples_seen < stop:
             raise ShardFormatError(
                 url,

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import time
 
 import pytest
 

@@ -199,11 +199,12 @@ def test_throughput_benchmark_runs(tmp_path):
 def test_shuffle_quality_benchmark_runs(tmp_path):
     out = run([sys.executable, "benchmarks/shuffle_quality.py", "--classes", "40", "--per-class", "50",
                "--shard-size", "100", "--ranks", "1,2", "--workers", "2", "--batches", "8", "--steps", "4",
-               "--shuffle-buffer", "16", "--peers", "--peer-data", "20,30,20,8", "--out", str(tmp_path / "sq")], 300)
+               "--shuffle-buffer", "16", "--peers", "--peer-data", "20,30,20,8", "--plot", "--out", str(tmp_path / "sq")],
+              300)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     rows = json.loads((tmp_path / "sq.json").read_text())["rows"]
     assert len(rows) == 2 and all(0 < r["class_sorted_block0"] < r["class_sorted_block256"] for r in rows)
-    assert (tmp_path / "sq.md").exists()
+    assert (tmp_path / "sq.md").exists() and (tmp_path / "sq.png").stat().st_size > 1000
     mix = json.loads((tmp_path / "sq.json").read_text())["peers"]["class_mix"]
     assert set(mix) >= {"dali_shards", "DALI readers.webdataset (random_shuffle)"} and all(v > 0 for v in mix.values())
 

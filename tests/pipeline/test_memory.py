@@ -7,13 +7,14 @@ import os
 import numpy as np
 
 from dali_shards import sharded_pipeline
+from dali_shards.testing.pipelines import worker_peak_rss
 from dali_shards.tools.writer import ShardWriter
 
 
-def write_random(path_pattern, sizes, seed):
+def write_random(path_pattern, sizes, seed, per_shard=10**6):
     rng = np.random.default_rng(seed)
     digests = {}
-    with ShardWriter(path_pattern, max_count=10**6) as w:
+    with ShardWriter(path_pattern, max_count=per_shard) as w:
         for i, size in enumerate(sizes):
             data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
             w.write({"__key__": f"{i:06d}", "bin": data})
@@ -21,7 +22,7 @@ def write_random(path_pattern, sizes, seed):
     return w.paths, digests
 
 
-def peak_worker_rss(paths, shuffle_buffer=8):
+def peak_worker_rss(paths, shuffle_buffer=8, interleaving=False, **options):
     """The largest peak resident memory (VmHWM) of the pipeline's workers after one epoch, in MB."""
 
     @sharded_pipeline(
@@ -33,22 +34,20 @@ def peak_worker_rss(paths, shuffle_buffer=8):
         shuffle_buffer=shuffle_buffer,
         num_threads=1,
         device_id=None,
+        **options,
     )
     def pipe(data, index):
         return data.shape(), index
 
     p = pipe()
+    assert p.dali_shards.plan(0).interleaving == interleaving
     p.build()
     while True:
         try:
             p.run()
         except StopIteration:
             break
-    peaks = []
-    for pid in p._py_pool.pids():
-        with open(f"/proc/{pid}/status") as f:
-            peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")]
-    return max(peaks)
+    return worker_peak_rss(p)
 
 
 def test_worker_memory_follows_the_buffer_not_the_shard(tmp_path):
@@ -60,6 +59,19 @@ def test_worker_memory_follows_the_buffer_not_the_shard(tmp_path):
     # a worker holds at most its shuffle buffer (8 samples) and a batch: ~12 MB here; a worker that read
     # whole shards would need 190 MB more for the big one
     assert big_peak - small_peak < 48, (small_peak, big_peak)
+
+
+def test_interleaved_worker_memory_does_not_grow_with_the_dataset(tmp_path):
+    """Interleaving reads one sample at a time by its offsets: 16 shards of 1 MB or of 12 MB each
+    (16 or 192 MB in all) cost a worker the same memory."""
+    small, _ = write_random(str(tmp_path / "small-%d.tar"), [1 << 20] * 16, seed=1, per_shard=1)
+    big, _ = write_random(str(tmp_path / "big-%d.tar"), [1 << 20] * 192, seed=2, per_shard=12)
+    assert len(small) == len(big) == 16
+    small_peak = peak_worker_rss(small, interleaving=True)
+    big_peak = peak_worker_rss(big, interleaving=True)
+    # a worker holds a batch's share and the sample being read (~4 MB here); one holding a piece of
+    # every shard it reads would need ~90 MB more for the big set
+    assert big_peak - small_peak < 24, (small_peak, big_peak)
 
 
 def test_samples_from_1kb_to_5mb_in_one_dataset(tmp_path):

@@ -36,7 +36,7 @@ def class_mix(spec, labels, steps):
     return np.mean(distinct)
 
 
-@pytest.mark.parametrize("world, workers, batch", [(1, 1, 32), (2, 2, 32), (4, 2, 16), (2, 4, 64)])
+@pytest.mark.parametrize("world, workers, batch", [(1, 1, 32), (2, 2, 32), (4, 2, 16), (2, 4, 64), (3, 2, 32), (8, 8, 64)])
 def test_class_sorted_shards_give_batches_as_mixed_as_a_global_shuffle(world, workers, batch):
     classes, per_class, shard = 200, 130, 100  # a class spans more than one shard, as in ImageNet
     total = classes * per_class
@@ -44,7 +44,7 @@ def test_class_sorted_shards_give_batches_as_mixed_as_a_global_shuffle(world, wo
     sizes = tuple(min(shard, total - i) for i in range(0, total, shard))
     ideal = expected_distinct([per_class] * classes, batch)
     spec = PlanSpec(sizes, world_size=world, py_num_workers=workers, batch_size=batch, seed=5, shuffle=True)
-    assert class_mix(spec, labels, 10) >= 0.97 * ideal, "the default planner must mix class-sorted shards"
+    assert class_mix(spec, labels, 10) >= ideal, "the default planner must mix class-sorted shards as a global shuffle"
     if world == workers == 1:  # contiguous runs through a buffer do not: the measure tells them apart
         old = PlanSpec(sizes, batch_size=batch, seed=5, shuffle=True, shuffle_block=0)
         assert class_mix(old, labels, 10) < 0.7 * ideal

@@ -156,9 +156,16 @@ def test_shard_order_is_reshuffled_every_epoch_and_drives_the_reads(block):
     assert len({tuple(o) for o in orders}) == 4
     for e, order in enumerate(orders):
         plan = spec.epoch(e)
-        if block:  # every worker reads a piece of every shard, block by block in the shuffled order
-            for v in range(spec.num_virtual_workers):
-                assert [seg.shard for seg in plan.worker_reads(v)] == order
+        if block:  # each rank reads a piece of every shard, block by block in the shuffled order
+            width = plan.block
+            for rank in range(spec.world_size):
+                read = set()
+                for v in range(rank * spec.py_num_workers, (rank + 1) * spec.py_num_workers):
+                    shards = [seg.shard for seg in plan.worker_reads(v)]
+                    places = [order.index(s) // width for s in shards]
+                    assert places == sorted(places), "a worker reads the blocks in the shuffled order"
+                    read |= set(shards)
+                assert read == set(order)
             continue
         reads = [seg.shard for v in range(spec.num_virtual_workers) for seg in plan.worker_reads(v)]
         assert reads == order, "workers must read the shards in the epoch's shuffled order"

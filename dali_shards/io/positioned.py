@@ -1,0 +1,118 @@
+"""Samples read by their byte span: positioned reads of local shard files, and one sample parsed
+from the bytes of its span.
+
+A sample's *span* is where its headers begin to where the next sample's begin (the offsets a
+header scan or a version-2 manifest records, see ``catalog.manifest``). Reading a sample is one
+positioned read of its span, so a worker can read any sample of any shard without reading what
+lies before it, and holds no buffer between reads.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import resource
+from collections import OrderedDict
+from typing import BinaryIO, Collection, Optional, Tuple
+
+from dali_shards.errors import ShardAccessError, ShardFormatError
+from dali_shards.io.storage import open_local
+from dali_shards.io.tarformat import Destination, RawSample, TarReader
+
+MAX_OPEN = 256  # local shard files a worker keeps open (fewer if the process's file limit is low)
+_STALE_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
+_DAMAGED_HINT = (
+    "the shard is damaged there, or changed after it was indexed: check it with `dali-shards inspect`, then "
+    "re-create it or rebuild its manifest (dali-shards index)"
+)
+
+
+class _SpanBytes(io.BytesIO):
+    """Bytes ``[base, base + len(data))`` of a shard, addressed by shard offsets."""
+
+    def __init__(self, data: bytes, base: int):
+        super().__init__(data)
+        self._base = base
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos -= self._base
+        return super().seek(pos, whence) + self._base
+
+    def tell(self) -> int:
+        return super().tell() + self._base
+
+
+def sample_in_span(
+    data: bytes,
+    url: str,
+    span: Tuple[int, int],
+    position: int,
+    want: Optional[Collection[str]] = None,
+    into: Optional[Destination] = None,
+) -> RawSample:
+    """The sample at ``position`` of shard ``url`` from the bytes of its ``span``, read as
+    ``TarReader.samples`` reads it; a ``ShardFormatError`` if the bytes do not hold exactly one
+    sample (a shard changed since it was indexed, or damaged there)."""
+    lo, hi = span
+    if len(data) != hi - lo:
+        raise ShardFormatError(
+            url, f"sample {position} should lie in bytes {lo}-{hi - 1}, but the shard ends at byte {lo + len(data)}",
+            hint=_STALE_HINT,
+        )  # fmt: skip
+    reader = TarReader(_SpanBytes(data, lo), url, span=span, first=position, size=hi)
+    try:
+        found = list(reader.samples(want, start=position, into=into))
+    except ShardFormatError as exc:
+        raise ShardFormatError(
+            url, f"sample {position} (bytes {lo}-{hi - 1}) cannot be read: {exc.detail}", key=exc.key, hint=_DAMAGED_HINT
+        ) from None
+    if len(found) != 1:
+        raise ShardFormatError(
+            url, f"bytes {lo}-{hi - 1} should hold sample {position}, but hold {len(found)} samples", hint=_STALE_HINT
+        )
+    return found[0]
+
+
+def _open_limit() -> int:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):  # pragma: no cover - no limit to ask
+        return MAX_OPEN
+    return MAX_OPEN if soft == resource.RLIM_INFINITY else max(8, min(MAX_OPEN, soft // 4))
+
+
+class LocalFiles:
+    """Positioned reads of local files, the least recently used closed beyond a bound (at most
+    ``MAX_OPEN``, and a quarter of the process's file limit). A file is checked against the size
+    it had when counted when it is opened."""
+
+    def __init__(self, max_open: Optional[int] = None):
+        self.max_open = max_open or _open_limit()
+        self._files: "OrderedDict[str, BinaryIO]" = OrderedDict()
+
+    def read(self, url: str, path: str, span: Tuple[int, int], size: Optional[int] = None) -> bytes:
+        """Bytes ``span`` of the file at ``path`` (shard ``url``; fewer only at its end)."""
+        f = self._files.get(path)
+        if f is None:
+            f = open_local(path, url, size)
+            self._files[path] = f
+            while len(self._files) > self.max_open:
+                self._files.popitem(last=False)[1].close()
+        else:
+            self._files.move_to_end(path)
+        lo, hi = span
+        try:
+            data = os.pread(f.fileno(), hi - lo, lo)
+            while len(data) < hi - lo:
+                more = os.pread(f.fileno(), hi - lo - len(data), lo + len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
+            raise ShardAccessError(url, f"read error at byte {lo}: {exc}", hint="check the file system") from None
+        return data
+
+    def close(self) -> None:
+        while self._files:
+            self._files.popitem()[1].close()

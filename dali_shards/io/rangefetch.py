@@ -1,0 +1,216 @@
+"""Remote byte ranges wanted in a known order, fetched ahead in large ranged requests within a
+bounded window of memory.
+
+A worker that reads pieces of many remote shards at once (the interleaved shuffle) knows, at the
+start of an epoch, every sample span it will read and in which order. ``RangeFetcher`` groups
+the spans that follow each other in a shard into requests of up to ``request_bytes`` (never one
+request per sample, unless a sample is that large; an object's first requests are smaller, from
+256 KiB up, so that the first samples of many shards arrive soon), issues the requests in the order their first
+span is needed from ``FETCH_THREADS`` threads, and keeps fetching ahead while the bytes fetched
+and not yet taken, plus those in flight, stay within ``window``. The request the reader waits for
+is always issued, so it never deadlocks; each span's bytes are freed when it is taken. Memory:
+``window`` (the bytes counted), plus each thread's request while it arrives (the HTTP client's
+buffer and the body, about ``2 x request_bytes`` per thread).
+
+A request that fails (after ``RangeReader``'s retries) fails every span it holds, and every later
+span of the same shard without asking the server again: the shard is reported once, not once per
+sample. A reader that gives up on a shard says so (``discard``): what is fetched of it is freed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+from dali_shards.errors import ShardError
+from dali_shards.io.ranged import Cancelled, RangeReader
+from dali_shards.options import StorageOptions
+
+FETCH_THREADS = 8
+MIN_REQUEST = 256 << 10
+RAMP = 4
+
+
+class Span(NamedTuple):
+    """Bytes ``[lo, hi)`` of the object at ``url``, whose size is ``size`` (None: not known)."""
+
+    url: str
+    size: Optional[int]
+    lo: int
+    hi: int
+
+
+class _Request(NamedTuple):
+    url: str
+    size: Optional[int]
+    lo: int
+    hi: int
+    spans: List[int]  # indices of the spans it holds, in order
+
+
+def plan_requests(spans: Sequence[Span], request_bytes: int, ramp_until: Optional[int] = None) -> List[_Request]:
+    """Requests covering ``spans``, in the order their first span is needed: each span joins the
+    last request of its object when it begins where that one ends and the request stays within
+    its size, ``request_bytes``. Requests beginning before span ``ramp_until`` (all, by default)
+    ramp up: an object's first is ``MIN_REQUEST`` (or ``request_bytes`` if smaller), each next one
+    ``RAMP`` times larger, so that the first samples of many objects arrive soon."""
+    ramp_until = len(spans) if ramp_until is None else ramp_until
+    first = min(request_bytes, MIN_REQUEST)
+    requests: List[_Request] = []
+    last: Dict[str, Tuple[int, int]] = {}  # url -> (its last request, its requests so far)
+    for i, span in enumerate(spans):
+        r, made = last.get(span.url, (-1, 0))
+        if r >= 0:
+            req = requests[r]
+            ramped = req.spans[0] < ramp_until and made < 16
+            limit = min(request_bytes, first * RAMP ** (made - 1)) if ramped else request_bytes
+            if req.hi == span.lo and span.hi - req.lo <= limit:
+                requests[r] = req._replace(hi=span.hi)
+                req.spans.append(i)
+                continue
+        last[span.url] = (len(requests), made + 1)
+        requests.append(_Request(span.url, span.size, span.lo, span.hi, [i]))
+    return requests
+
+
+class RangeFetcher:
+    """The bytes of ``spans``, taken in any order with :meth:`take` (see the module). ``close``
+    stops the fetching (threads end after their current request)."""
+
+    def __init__(
+        self,
+        spans: Sequence[Span],
+        config: StorageOptions,
+        window: int,
+        request_bytes: int,
+        threads: Optional[int] = None,
+        ramp_until: Optional[int] = None,
+    ):
+        self._spans = list(spans)
+        self._config = config
+        self._window = window
+        self._requests = plan_requests(self._spans, request_bytes, ramp_until)
+        self._request_of = [0] * len(self._spans)
+        for r, req in enumerate(self._requests):
+            for i in req.spans:
+                self._request_of[i] = r
+        self._cond = threading.Condition()
+        self._ready: Dict[int, bytes] = {}
+        self._errors: Dict[int, BaseException] = {}
+        self._failed: Dict[str, BaseException] = {}
+        self._discarded: Set[str] = set()
+        self._readers: Dict[str, RangeReader] = {}
+        self._next = 0  # the next request to issue
+        self._held = 0  # bytes in flight or fetched and not taken
+        self._waiting = -1  # the request the reader waits for
+        self._closed = False
+        self.requests_made = 0
+        for _ in range(min(threads or FETCH_THREADS, len(self._requests))):
+            threading.Thread(target=self._run, daemon=True, name="dali_shards-ranges").start()
+
+    @property
+    def held(self) -> int:
+        """Bytes in flight or fetched and not yet taken."""
+        return self._held
+
+    def take(self, i: int) -> bytes:
+        """The bytes of span ``i`` (waits for them); the error of its request if it failed."""
+        r = self._request_of[i]
+        with self._cond:
+            while i not in self._ready and r not in self._errors:
+                if self._closed:
+                    raise RuntimeError("dali_shards: RangeFetcher used after close()")
+                self._waiting = r
+                self._cond.notify_all()
+                self._cond.wait()
+            if i not in self._ready:
+                raise self._errors[r]
+            data = self._ready.pop(i)
+            self._held -= len(data)
+            self._cond.notify_all()
+            return data
+
+    def discard(self, url: str) -> None:
+        """The reader takes no more spans of ``url`` (it gave up on that shard): free what is
+        fetched of it and ask for no more."""
+        with self._cond:
+            self._discarded.add(url)
+            self._failed.setdefault(url, RuntimeError(f"dali_shards: {url} discarded by the reader"))
+            for i in [i for i in self._ready if self._spans[i].url == url]:
+                self._held -= len(self._ready.pop(i))
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._ready.clear()
+            self._cond.notify_all()
+
+    # -- fetching threads --------------------------------------------------------------------
+    def _may_issue(self) -> bool:
+        if self._next >= len(self._requests):
+            return False
+        req = self._requests[self._next]
+        return self._next <= self._waiting or self._held + (req.hi - req.lo) <= self._window
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and self._next < len(self._requests) and not self._may_issue():
+                    self._cond.wait()
+                if self._closed or self._next >= len(self._requests):
+                    return
+                r, self._next = self._next, self._next + 1
+                req = self._requests[r]
+                self._held += req.hi - req.lo
+                self.requests_made += 1
+                failed = self._failed.get(req.url)
+            try:
+                if failed is not None:
+                    raise failed
+                data = self._fetch(req)
+            except Cancelled:
+                return
+            except BaseException as exc:  # noqa: BLE001 - handed to take()
+                with self._cond:
+                    self._held -= req.hi - req.lo
+                    self._errors[r] = exc
+                    if isinstance(exc, (ShardError, OSError)):
+                        self._failed.setdefault(req.url, exc)
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._held -= req.hi - req.lo
+                if self._closed:
+                    return
+                if req.url in self._discarded:  # the reader gave up on this object meanwhile
+                    continue
+                for i in req.spans:
+                    span = self._spans[i]
+                    piece = data[span.lo - req.lo : span.hi - req.lo]
+                    self._ready[i] = piece
+                    self._held += len(piece)
+                self._cond.notify_all()
+
+    def _fetch(self, req: _Request) -> bytes:
+        with self._cond:
+            reader = self._readers.get(req.url)
+            if reader is None:
+                reader = self._readers[req.url] = RangeReader(req.url, self._config, req.size)
+        if not reader.http and reader.size is None and reader.expected is not None:
+            reader.object_size()  # once per object and process: a changed object is a ShardFormatError
+        return reader.read(req.lo, req.hi, cancelled=lambda: self._closed)
+
+    def __enter__(self) -> "RangeFetcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def request_size(window: int, pieces: int, chunk_size: int) -> int:
+    """Bytes per request when ``pieces`` pieces are read at once within ``window``: room for two
+    requests per piece (the one being read and the next), at least ``MIN_REQUEST`` and at most
+    ``chunk_size``."""
+    return max(MIN_REQUEST, min(chunk_size, window // max(1, 2 * pieces)))
+

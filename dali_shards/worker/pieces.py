@@ -1,0 +1,194 @@
+"""How a worker reads the samples the plan gives it: contiguous stretches of shards (``read_segments``)
+or, when the plan interleaves shards, each sample at its byte span (``read_interleaved``).
+
+Interleaved reading takes every sample by one positioned read of its span (local shards) or from
+ranged requests fetched ahead in reading order (remote shards, see ``io.rangefetch``), so a worker
+reads parts of hundreds of shards at once without holding a buffer per shard. Memory per worker:
+one sample at a time for local shards (plus up to ``MAX_OPEN`` open files); for remote shards
+``read_window`` plus the requests in flight (``FETCH_THREADS x 2 x`` a request, see
+``io.rangefetch``), whatever the dataset's size: requests of
+``read_window / 2k`` bytes (at least 256 KiB, at most ``chunk_size``), ``k`` the shards a worker
+reads at once (``block / py_num_workers``, or fewer); smaller ones at first, up to the first
+``read_window`` bytes of the epoch, so that its first batches come soon. A shard whose spans are unknown (compressed, or not indexed) is read
+through a cursor of its own from its start, passing over the samples before this worker's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dali_shards.io.positioned import LocalFiles
+from dali_shards.io.rangefetch import RangeFetcher, Span, request_size
+from dali_shards.io.remote import is_remote
+from dali_shards.catalog.manifest import scan_shard
+from dali_shards.errors import ShardFormatError
+from dali_shards.io.storage import local_path
+from dali_shards.plan.epoch import EpochPlan
+from dali_shards.plan.geometry import Segment
+from dali_shards.worker.reader import READ_ERRORS, Item, ShardFailed, ShardReader, Skipped, shard_error
+
+log = logging.getLogger("dali_shards")
+
+
+def read_segments(
+    plan: EpochPlan, segments: List[Segment], needed, reader: ShardReader
+) -> Iterator[Tuple[int, Item]]:
+    """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
+    the others are passed over by their headers. Under ``on_error="skip"`` every needed sample
+    left in a shard that cannot be read on comes as a ``Skipped``."""
+    openers = reader.open_ahead([seg.shard for seg in segments])
+    try:
+        for seg, opener in zip(segments, openers):
+            offset = int(plan.canonical_starts[seg.shard])
+            base = seg.position - seg.first  # sequence position of the shard's sample 0
+            done = seg.first
+            for got in reader.samples(
+                seg.shard,
+                opener,
+                index=lambda local, offset=offset: offset + local,
+                start=seg.first,
+                stop=seg.stop,
+                select=lambda local, base=base: needed(base + local),
+            ):
+                if isinstance(got, ShardFailed):
+                    for local in range(done, seg.stop):
+                        if needed(base + local):
+                            yield base + local, Skipped(offset + local, got.url, None, got.reason)
+                    break
+                local, item = got
+                done = local + 1
+                yield base + local, item
+    finally:
+        openers.close()
+
+
+def local_offsets(reader: ShardReader, shard: int) -> Optional[np.ndarray]:
+    """A local shard's sample offsets: the worker's config's, else from a scan of its headers
+    (once per process; None for a compressed shard). Errors opening it are the shard's."""
+    cfg = reader.config
+    if cfg.offsets[shard] is not None or is_remote(cfg.urls[shard]):
+        return cfg.offsets[shard]
+    return scan_shard(cfg.urls[shard], config=cfg.storage).offsets
+
+
+def stretches(order: np.ndarray, shards: np.ndarray, local: np.ndarray) -> Dict[int, Segment]:
+    """Per shard, the stretch from the first to the last of its samples in ``order``."""
+    out = {}
+    by_shard = np.lexsort((local, shards))
+    cuts = np.flatnonzero(np.diff(shards[by_shard])) + 1
+    for group in np.split(by_shard, cuts):
+        if len(group):
+            first, last = group[0], group[-1]
+            out[int(shards[first])] = Segment(int(shards[first]), int(local[first]), int(local[last]) + 1, int(order[first]))
+    return out
+
+
+class _Interleaved:
+    """One epoch's interleaved reading (see ``read_interleaved``)."""
+
+    def __init__(self, plan: EpochPlan, order: Sequence[int], needed, reader: ShardReader):
+        self.plan, self.needed, self.reader = plan, needed, reader
+        self.cfg = cfg = reader.config
+        self.order = np.asarray(order, dtype=np.int64)
+        shards, local = plan.locate(self.order)
+        self.shards, self.local = shards.tolist(), local.tolist()
+        self.offsets: Dict[int, Optional[np.ndarray]] = {}
+        self.failed: Dict[int, str] = {}
+        self.cursors: Dict[int, Iterator[Tuple[int, Item]]] = {}
+        self.stretches: Optional[Dict[int, Segment]] = None
+        self.left = Counter(self.shards)
+        self.files = LocalFiles()
+        self.remote: Dict[int, int] = {}  # position in the order -> span index of the fetcher
+        spans: List[Span] = []
+        for k, (s, i) in enumerate(zip(self.shards, self.local)):
+            offs = cfg.offsets[s]
+            if offs is not None and is_remote(cfg.urls[s]):
+                self.remote[k] = len(spans)
+                spans.append(Span(cfg.urls[s], cfg.byte_sizes[s], int(offs[i]), int(offs[i + 1])))
+        self.fetcher = None
+        if spans:  # a worker reads about block / py_num_workers shards at once (see plan.interleave)
+            window = cfg.storage.read_window
+            at_once = min(len(set(self.shards)), -(-plan.block // cfg.spec.py_num_workers) + 1)
+            request = request_size(window, at_once, cfg.storage.chunk_size)
+            startup = int(np.searchsorted(np.cumsum([sp.hi - sp.lo for sp in spans]), window))
+            self.fetcher = RangeFetcher(spans, cfg.storage, window, request, ramp_until=startup)
+
+    def __iter__(self) -> Iterator[Tuple[int, Item]]:
+        for k, (pos, s, i) in enumerate(zip(self.order.tolist(), self.shards, self.local)):
+            self.left[s] -= 1
+            yield pos, self._sample(k, pos, s, i)
+            if not self.left[s] and s in self.cursors:
+                self.cursors.pop(s).close()
+
+    def _sample(self, k: int, pos: int, s: int, i: int) -> Item:
+        cfg, reader = self.cfg, self.reader
+        index = int(self.plan.canonical_starts[s]) + i
+        if s in self.failed:
+            return Skipped(index, cfg.urls[s], None, self.failed[s])
+        try:
+            if s not in self.offsets:
+                reader.progress(s)
+                self.offsets[s] = self._offsets(s)
+            offs = self.offsets[s]
+            if offs is None:
+                return self._from_cursor(pos, s)
+            span = (int(offs[i]), int(offs[i + 1]))
+            if k in self.remote:
+                data = self.fetcher.take(self.remote[k])
+            else:
+                data = self.files.read(cfg.urls[s], local_path(cfg.urls[s]), span, cfg.byte_sizes[s])
+        except READ_ERRORS as exc:
+            error = shard_error(cfg.urls[s], exc)
+            if not cfg.skips:
+                raise error from (None if error is exc else exc)
+            log.warning("dali_shards: skipping the rest of shard %s: %s", cfg.urls[s], error.detail)
+            self.failed[s] = error.detail
+            if self.fetcher is not None:
+                self.fetcher.discard(cfg.urls[s])
+            return Skipped(index, cfg.urls[s], None, error.detail)
+        return reader.sample_at(s, i, data, span, index)
+
+    def _offsets(self, s: int) -> Optional[np.ndarray]:
+        cfg = self.cfg
+        offs = cfg.offsets[s] if is_remote(cfg.urls[s]) or cfg.offsets[s] is not None else local_offsets(self.reader, s)
+        if offs is not None and len(offs) - 1 < cfg.spec.shard_sizes[s]:
+            raise ShardFormatError(
+                cfg.urls[s], f"holds {len(offs) - 1} samples, fewer than the {cfg.spec.shard_sizes[s]} planned",
+                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart "
+                "so it is scanned again",
+            )  # fmt: skip
+        return offs
+
+    def _from_cursor(self, pos: int, s: int) -> Item:
+        """The shard's next sample for this worker, read by a cursor over the stretch it reads."""
+        cursor = self.cursors.get(s)
+        if cursor is None:
+            if self.stretches is None:
+                self.stretches = stretches(self.order, np.asarray(self.shards), np.asarray(self.local))
+            cursor = self.cursors[s] = read_segments(self.plan, [self.stretches[s]], self.needed, self.reader)
+        got, item = next(cursor)
+        if got != pos:
+            raise RuntimeError(f"dali_shards internal error: read position {got}, wanted {pos}; please report it")
+        return item
+
+    def close(self) -> None:
+        for cursor in self.cursors.values():
+            cursor.close()
+        self.files.close()
+        if self.fetcher is not None:
+            self.fetcher.close()
+
+
+def read_interleaved(plan: EpochPlan, order: Sequence[int], needed, reader: ShardReader) -> Iterator[Tuple[int, Item]]:
+    """(epoch position, packed sample) of the positions in ``order`` (a worker's reading order
+    under an interleaving plan), in that order (see the module). Under ``on_error="skip"`` a shard
+    that cannot be read makes its samples ``Skipped``, as does a bad sample itself."""
+    reading = _Interleaved(plan, order, needed, reader)
+    try:
+        yield from reading
+    finally:
+        reading.close()

@@ -4,7 +4,9 @@ read-ahead, and with request latency added by a delaying proxy.
 The S3 server (moto's standalone server) and the proxy run in processes of their own; every
 configuration is measured in a fresh process, in interleaved rounds, median over rounds (see
 ``harness``). The pipeline delivers the encoded JPEG bytes (no decoding), so storage is the
-bottleneck. Prints a table, writes JSON and markdown.
+bottleneck. Workers stream whole shards (contiguous runs, ``shuffle_block=0``: what ``read_ahead``
+applies to); interleaved reading over the same servers is measured by ``shuffle_io.py``. Prints a
+table, writes JSON and markdown.
 
     python benchmarks/remote.py --samples 4096 --per-shard 64 --latency-ms 50
 """
@@ -69,7 +71,7 @@ def child(argv) -> None:
     a = ap.parse_args(argv)
     from loaders import Config
 
-    options = {"read_ahead": a.read_ahead}
+    options = {"read_ahead": a.read_ahead, "shuffle_block": 0}  # read_ahead is for whole-shard streams
     if a.endpoint:
         options["storage_options"] = {
             "endpoint_url": a.endpoint,

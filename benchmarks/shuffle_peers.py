@@ -1,11 +1,12 @@
 """The class mix the loaders really deliver, read from class-sorted shards on disk: dali_shards
-(its default planner), DALI's ``fn.readers.webdataset`` with ``random_shuffle``, and WebDataset +
+(its default planner, and contiguous runs: the planner before), DALI's ``fn.readers.webdataset`` with ``random_shuffle``, and WebDataset +
 DataLoader with ``shardshuffle`` and ``shuffle(1000)``, one rank, as their documentation sets them
 up. Used by ``shuffle_quality.py --peers``; each loader's mean distinct classes per batch is
 divided by the exact ideal."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from typing import Callable, Dict, Iterable, List
@@ -28,12 +29,12 @@ def _distinct(batches: Iterable[np.ndarray], steps: int) -> float:
     return float(np.mean([len(np.unique(b)) for b in itertools.islice(batches, steps)]))
 
 
-def dali_shards_labels(paths: List[str], batch: int, workers: int) -> Iterable[np.ndarray]:
+def dali_shards_labels(paths: List[str], batch: int, workers: int, shuffle_block: int = 256) -> Iterable[np.ndarray]:
     from dali_shards import sharded_pipeline
     from dali_shards.pytorch import DALIShardedIterator
 
     @sharded_pipeline(paths, fields=("cls",), batch_size=batch, py_num_workers=workers, shuffle=True, seed=1,
-                      world_size=1, rank=0, num_threads=2, device_id=None)
+                      world_size=1, rank=0, num_threads=2, device_id=None, shuffle_block=shuffle_block)
     def pipe(cls):
         return cls
 
@@ -69,6 +70,7 @@ def webdataset_labels(paths: List[str], batch: int, workers: int) -> Iterable[np
 
 PEERS: Dict[str, Callable[..., Iterable[np.ndarray]]] = {
     "dali_shards": dali_shards_labels,
+    "dali_shards contiguous (shuffle_block=0)": functools.partial(dali_shards_labels, shuffle_block=0),
     "DALI readers.webdataset (random_shuffle)": dali_reader_labels,
     "webdataset + DataLoader (shuffle 1000)": webdataset_labels,
 }

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from collections import Counter
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -39,3 +40,34 @@ def worker_peak_rss(pipe: Any) -> float:
         with open(f"/proc/{pid}/status") as f:
             peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")]
     return max(peaks)
+
+
+def index_pipeline(source: Any, **options: Any) -> Any:
+    """A sharded pipeline factory delivering ``__index__``, ``__valid__`` and the ``jpg`` bytes (CPU)."""
+    from dali_shards import sharded_pipeline
+
+    @sharded_pipeline(source, fields=("__index__", "__valid__", "jpg"), num_threads=1, device_id=None, **options)
+    def pipe(index, valid, jpg):
+        return index, valid, jpg
+
+    return pipe
+
+
+def epochs_by_rank(make: Any, world: int, epochs: int = 2) -> Tuple[List[Counter], Dict[int, bytes], List[List[int]], list]:
+    """Run ``make(rank=r)`` (an ``index_pipeline``) for every rank: per epoch a Counter of the valid
+    indices of all ranks; ``{index: jpg bytes}``; the steps of each rank per epoch; the pipelines."""
+    seen: List[Counter] = [Counter() for _ in range(epochs)]
+    data: Dict[int, bytes] = {}
+    steps, pipes = [], []
+    for rank in range(world):
+        pipe = make(rank=rank)
+        pipes.append(pipe)
+        out = run_epochs(pipe, epochs)
+        steps.append([len(e) for e in out])
+        for e, batches in enumerate(out):
+            for index, valid, jpg in batches:
+                for i, v, b in zip(index, valid, jpg):
+                    if v:
+                        seen[e][int(i)] += 1
+                        data[int(i)] = b.tobytes()
+    return seen, data, steps, pipes

@@ -6,11 +6,10 @@ import json
 import os
 import shutil
 import time
-from collections import Counter
 
 import pytest
 
-from dali_shards.testing.pipelines import run_epochs
+from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_epochs
 from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pipeline
 from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main
@@ -52,28 +51,9 @@ def s3(shard_dir):
     server.stop()
 
 
-def index_pipeline(source, **kw):
-    @sharded_pipeline(source, fields=("__index__", "__valid__", "jpg"), num_threads=1, device_id=None, **kw)
-    def pipe(index, valid, jpg):
-        return index, valid, jpg
-
-    return pipe
-
-
 def epochs_of(make, world, epochs=2):
     """Per epoch: Counter of valid indices over all ranks, and {index: jpg bytes}; steps per rank."""
-    seen = [Counter() for _ in range(epochs)]
-    data = {}
-    steps = []
-    for rank in range(world):
-        out = run_epochs(make(rank=rank), epochs)
-        steps.append([len(e) for e in out])
-        for e, batches in enumerate(out):
-            for index, valid, jpg in batches:
-                for i, v, b in zip(index, valid, jpg):
-                    if v:
-                        seen[e][int(i)] += 1
-                        data[int(i)] = b.tobytes()
+    seen, data, steps, _ = epochs_by_rank(make, world, epochs)
     return seen, data, steps
 
 

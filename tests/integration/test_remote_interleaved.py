@@ -5,14 +5,13 @@ import json
 import logging
 import os
 import shutil
-from collections import Counter
 
 import pytest
 
 from dali_shards import pipeline_info, sharded_pipeline
 from dali_shards.catalog.manifest import scan_shards, write_manifest
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.testing.pipelines import run_epochs, worker_peak_rss
+from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_epochs, worker_peak_rss
 from dali_shards.tools.writer import ShardWriter
 from dali_shards.testing.servers import HTTPShardServer, S3Server
 
@@ -32,26 +31,9 @@ def shard_dir(tmp_path_factory):
     return make_dir(tmp_path_factory.mktemp("many"))
 
 
-def index_pipeline(source, **kw):
-    @sharded_pipeline(source, fields=("__index__", "__valid__", "jpg"), num_threads=1, device_id=None, **kw)
-    def pipe(index, valid, jpg):
-        return index, valid, jpg
-
-    return pipe
-
-
 def epochs_of(make, world, epochs=2):
     """Per epoch, a Counter of the valid indices of all ranks; {index: jpg bytes}; pipelines."""
-    seen, data, pipes = [Counter() for _ in range(epochs)], {}, []
-    for rank in range(world):
-        pipe = make(rank=rank)
-        pipes.append(pipe)
-        for e, batches in enumerate(run_epochs(pipe, epochs)):
-            for index, valid, jpg in batches:
-                for i, v, b in zip(index, valid, jpg):
-                    if v:
-                        seen[e][int(i)] += 1
-                        data[int(i)] = b.tobytes()
+    seen, data, _, pipes = epochs_by_rank(make, world, epochs)
     return seen, data, pipes
 
 

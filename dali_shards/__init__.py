@@ -12,6 +12,7 @@ from dali_shards.errors import (
     DaliShardsError,
     EmptyDatasetError,
     ShardAccessError,
+    ShardMapError,
     ShardError,
     ShardFormatError,
     WorkerError,
@@ -74,5 +75,6 @@ __all__ = [
     "ShardError",
     "ShardFormatError",
     "ShardAccessError",
+    "ShardMapError",
     "WorkerError",
 ]

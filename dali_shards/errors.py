@@ -52,6 +52,12 @@ class ShardAccessError(ShardError, OSError):
     """A shard cannot be opened or read (missing file, permissions, I/O failure)."""
 
 
+class ShardMapError(ShardError):
+    """User code (``map``, a field decoder, ``bucket_by``) failed on a sample, or returned what
+    cannot go to DALI; names the shard, the sample and the field or output, with the original
+    traceback in the message."""
+
+
 class WorkerError(DaliShardsError, RuntimeError):
     """A worker process of a sharded pipeline failed or died; says which and what to do."""
 
@@ -61,7 +67,12 @@ _SHARD_MESSAGE = re.compile(
     r"(.*?)(?:\. What to do: (.*))?$",
     re.DOTALL,
 )
-_CLASSES = {"ShardError": ShardError, "ShardFormatError": ShardFormatError, "ShardAccessError": ShardAccessError}
+_CLASSES = {
+    "ShardError": ShardError,
+    "ShardFormatError": ShardFormatError,
+    "ShardAccessError": ShardAccessError,
+    "ShardMapError": ShardMapError,
+}
 
 
 def from_worker(exc: BaseException) -> Optional[ShardError]:

@@ -15,7 +15,7 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
 from dali_shards.errors import ConfigError
 
@@ -193,6 +193,10 @@ class ShardedOptions:
     stale_manifest: StaleManifest = StaleManifest.RAISE
     worker_timeout: Optional[float] = 600.0
     image_check: ImageCheck = ImageCheck.STRUCTURE
+    map: Optional[Callable[..., Any]] = None
+    decoders: Optional[Mapping[str, Any]] = None
+    bucket_by: Optional[Callable[..., Any]] = None
+    bucket_window: int = 1024
     storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
@@ -226,6 +230,19 @@ class ShardedOptions:
             )
         if not isinstance(self.storage, StorageOptions):
             raise ConfigError(f"storage must be a StorageOptions, got {self.storage!r}")
+        self._check_stage()
+
+    def _check_stage(self) -> None:
+        """The worker-side Python stage: ``map``, ``decoders``, ``bucket_by``, ``bucket_window``."""
+        from dali_shards.worker.decoders import check_decoders
+
+        for name in ("map", "bucket_by"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ConfigError(f"{name} must be a callable or None, got {getattr(self, name)!r}")
+        check_decoders(self.decoders, self.fields)
+        object.__setattr__(self, "bucket_window", _int("bucket_window", self.bucket_window, 1))
+        if self.bucket_by is not None and self.streaming:
+            raise ConfigError("bucket_by needs planned epochs: it cannot be used with samples_per_epoch")
 
     @property
     def streaming(self) -> bool:

@@ -13,6 +13,7 @@ from dali_shards.options import ShardedOptions
 from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.pipeline.info import ShardedPipelineInfo
 from dali_shards.pipeline.merge import assemble_fields
+from dali_shards.pipeline.probe import output_names
 from dali_shards.pipeline.resolve import Resolved, resolve
 from dali_shards.pipeline.supervise import supervise
 from dali_shards.plan.random import MASK64
@@ -45,7 +46,8 @@ def build_sharded_pipeline(
     control = ControlBlock.create(
         options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
     )
-    resolved = resolve(options).with_control(control.path)
+    outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
+    resolved = resolve(options, outputs).with_control(control.path)
     source_type = StreamingWorkerSource if resolved.streaming is not None else WorkerSource
     sources = [source_type(config) for config in resolved.workers]  # plain objects, made outside the graph
     captured: Dict[str, Any] = {}

@@ -69,14 +69,33 @@ def _cut(data: DataNode, offset: DataNode, length: DataNode) -> DataNode:
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
+_DALI_TYPES = {
+    "bool": types.BOOL, "uint8": types.UINT8, "int8": types.INT8, "uint16": types.UINT16, "int16": types.INT16,
+    "uint32": types.UINT32, "int32": types.INT32, "uint64": types.UINT64, "int64": types.INT64,
+    "float16": types.FLOAT16, "float32": types.FLOAT, "float64": types.FLOAT64,
+}  # fmt: skip
+
+
+@do_not_convert
+def _array(data: DataNode, header: DataNode, dims: int, spec) -> DataNode:
+    """An array field: its bytes as its dtype, in the shape its header slots give."""
+    typed = data if spec.dtype == "uint8" else fn.reinterpret(data, dtype=_DALI_TYPES[spec.dtype])
+    if spec.ndim == 0:
+        return fn.reshape(typed, shape=[])
+    if spec.ndim == 1:
+        return typed
+    return fn.reshape(typed, shape=fn.cast(header[dims : dims + spec.ndim], dtype=types.INT32))
+
+
 @do_not_convert
 def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> List[DataNode]:
     out = []
     for spec in layout.fields:
         if spec.kind == "payload":
-            out.append(payload)
-        elif spec.kind in ("bytes", "key"):
-            out.append(_cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2]))
+            out.append(payload if spec.dtype is None else _array(payload, header, spec.slot, spec))
+        elif spec.kind in ("bytes", "key", "array"):
+            data = _cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2])
+            out.append(data if spec.kind != "array" else _array(data, header, spec.slot + 2, spec))
         elif spec.kind == "valid":
             out.append(header[spec.slot] == 1)  # status: 1 valid, 0 padding, -1 skipped
         else:

@@ -22,7 +22,12 @@ from dali_shards.plan.resume import resume_point
 from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
+from dali_shards.errors import ConfigError
+from dali_shards.pipeline.probe import SampleLengths, choose_outputs_layout, probe
+from dali_shards.worker.decoders import check_decoders
 from dali_shards.worker.layout import SampleLayout
+from dali_shards.worker.stage import SampleStage
+from dali_shards.worker.usercode import Portable
 
 log = logging.getLogger("dali_shards")
 SLOT_META_BYTES = 128  # shared memory a batch slot takes beyond its sample
@@ -63,8 +68,9 @@ class Resolved:
         return dataclasses.replace(self, workers=workers)
 
 
-def resolve(options: ShardedOptions) -> Resolved:
-    """Everything the pipeline's workers need, from the options and the world (see the module)."""
+def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
+    """Everything the pipeline's workers need, from the options and the world (see the module);
+    ``outputs``: with a ``map``, the names of its outputs (the pipeline function's parameters)."""
     world_size, rank = resolve_world(options.world_size, options.rank)
     shards = tuple(
         resolve_source(
@@ -75,12 +81,14 @@ def resolve(options: ShardedOptions) -> Resolved:
             stale_manifest=options.stale_manifest,
         )
     )
-    layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check)
+    stage, sizes = choose_stage(options, shards, outputs)
+    layout = stage.layout
     spec, streaming = _specs(options, shards, world_size)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     if options.resume_from is not None:
-        start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset)
+        lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
+        start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
     first_steps = None
     if streaming is not None and resume_plan is not None:
         first_steps = resume_plan.steps - resume_plan.start_step
@@ -89,6 +97,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         rank=rank,
         urls=tuple(s.url for s in shards),
         byte_sizes=tuple(s.bytes for s in shards),
+        stage=stage,
         offsets=tuple(s.offsets for s in shards) if streaming is None and spec.shuffle_block else (),
         layout=layout,
         on_error=options.on_error,
@@ -112,7 +121,7 @@ def resolve(options: ShardedOptions) -> Resolved:
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
         workers=tuple(WorkerConfig(worker=w, **common) for w in range(options.py_num_workers)),
-        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers),
+        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers, sizes),
     )
 
 
@@ -130,6 +139,7 @@ def _specs(
     )
     if not options.streaming:
         block = options.shuffle_block if options.shuffle and options.shuffle_block and _indexed(shards) else 0
+        layout["bucket_window"] = options.bucket_window if options.bucket_by is not None else 0
         if block and options.storage.cache_dir and any(is_remote(s.url) for s in shards):
             log.warning(
                 "dali_shards: cache_dir is set, but interleaved shuffling (shuffle_block=%d) reads remote shards in "
@@ -171,23 +181,54 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
 
 
 def choose_layout(
-    fields: Sequence[str], shards: Sequence[ShardInfo], py_num_workers: int, image_check: str = option_default("image_check")
+    fields: Sequence[str],
+    shards: Sequence[ShardInfo],
+    py_num_workers: int,
+    image_check: str = option_default("image_check"),
+    arrays: Optional[Dict[str, Tuple[str, int]]] = None,
 ) -> SampleLayout:
     """The table layout for two or more workers, with the largest byte field (by the scan's
     per-extension sizes; else the first) as payload; the packed layout for one worker."""
     if py_num_workers < 2:
-        return SampleLayout(fields, image_check=image_check)
+        return SampleLayout(fields, image_check=image_check, arrays=arrays)
     plain = SampleLayout(fields)
     sizes = [
         (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)
     ]
     payload = max(sizes)[2] if sizes else None
-    return SampleLayout(fields, table=True, payload=payload, image_check=image_check)
+    return SampleLayout(fields, table=True, payload=payload, image_check=image_check, arrays=arrays)
 
 
-def bytes_per_sample_hint(shards: Sequence[ShardInfo], layout: SampleLayout, py_num_workers: int) -> Optional[int]:
+def choose_stage(
+    options: ShardedOptions, shards: Sequence[ShardInfo], outputs: Sequence[str]
+) -> Tuple[SampleStage, Dict[str, int]]:
+    """The workers' Python stage (its layout included) and, with a ``map``, the sizes of its
+    outputs in the first sample; user callables are made portable (refused here if they cannot
+    be pickled), and the types of ``.npy`` fields and ``map`` outputs taken from the first sample."""
+    mapper = Portable(options.map, "map") if options.map is not None else None
+    decoders = {k: (None if v is None else Portable(v, f"decoders[{k!r}]")) for k, v in check_decoders(options.decoders, options.fields).items()}
+    bucket_by = Portable(options.bucket_by, "bucket_by") if options.bucket_by is not None else None
+    reading = SampleLayout(options.fields, image_check=options.image_check)
+    if mapper is None:
+        npy = [f.name for f in reading.fields if f.kind == "array"]
+        specs = probe(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
+        arrays = {s.name: (s.dtype, s.ndim) for s in specs}
+        layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays)
+        return SampleStage(layout, None, decoders, bucket_by), {}
+    if not outputs:
+        raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")
+    specs, sizes = probe(options, shards, SampleStage(reading, mapper, decoders), outputs)
+    return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by), sizes
+
+
+def bytes_per_sample_hint(
+    shards: Sequence[ShardInfo], layout: SampleLayout, py_num_workers: int, sizes: Optional[Dict[str, int]] = None
+) -> Optional[int]:
     """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
-    ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers."""
+    ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers
+    (with a ``map``: the size of its outputs in the first sample)."""
+    if sizes:
+        return int((sum(sizes.values()) + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES
     exts = [e for spec in layout.byte_fields for e in spec.extensions]
     mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:

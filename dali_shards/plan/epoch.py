@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,10 +35,11 @@ from dali_shards.errors import ConfigError, EmptyDatasetError
 from dali_shards.options import LastBatch, option_default
 from dali_shards.plan import geometry
 from dali_shards.plan.geometry import BatchLayout, Segment, check_positive
-from dali_shards.plan import interleave
+from dali_shards.plan import bucket, interleave
 from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
 PLAN_VERSION = 3
+Lengths = Callable[["EpochPlan", np.ndarray], np.ndarray]  # (plan, positions) -> the samples' lengths
 LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
 
 
@@ -49,12 +50,15 @@ class PlanSpec(BatchLayout):
     shard_sizes: Tuple[int, ...]
     shuffle_buffer: int = field(default=option_default("shuffle_buffer"), kw_only=True)
     shuffle_block: int = field(default=option_default("shuffle_block"), kw_only=True)
+    bucket_window: int = field(default=0, kw_only=True)  # samples per worker bucketed at once (0: none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", tuple(int(s) for s in self.shard_sizes))
         check_positive(self, "shuffle_buffer")
-        if isinstance(self.shuffle_block, bool) or not isinstance(self.shuffle_block, (int, np.integer)) or self.shuffle_block < 0:
-            raise ConfigError(f"shuffle_block must be an integer >= 0 (0: a contiguous run per worker), got {self.shuffle_block!r}")
+        for name, what in (("shuffle_block", "0: a contiguous run per worker"), ("bucket_window", "0: no bucketing")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 ({what}), got {value!r}")
         self._check_layout()
         if any(s < 0 for s in self.shard_sizes):
             raise ConfigError(f"shard sizes must be non-negative, got {self.shard_sizes}")
@@ -300,19 +304,42 @@ class EpochPlan(interleave.Interleaving):
         return index, valid
 
     # -- progress ------------------------------------------------------------------------
-    def consumed(self, steps: int) -> np.ndarray:
-        """Sequence positions delivered as valid in this plan's first ``steps`` steps (all ranks)."""
+    def consumed(self, steps: int, lengths: Optional[Lengths] = None) -> np.ndarray:
+        """Sequence positions delivered as valid in this plan's first ``steps`` steps (all ranks).
+        With bucketing, a worker stopped inside a window delivered the window's shortest-first
+        mini-batches of a seeded order: ``lengths(plan, positions)`` gives the lengths of that
+        window's samples (a ConfigError without it)."""
         m = self.spec.mini_batch
         out = []
         for v in range(self.spec.num_virtual_workers):
-            valid = min(self.worker_valid_count(v), steps * m)
-            out.extend(itertools.islice(self._valid_order(v), valid))
+            count = self.worker_valid_count(v)
+            valid = min(count, steps * m)
+            span = bucket.window_steps(self.spec.bucket_window, m) * m
+            if span and valid % span and valid < count:
+                out.extend(self._bucketed_prefix(v, valid, count, span, lengths))
+            else:
+                out.extend(itertools.islice(self._valid_order(v), valid))
         return np.sort(np.asarray(out, dtype=np.int64))
 
-    def remaining(self, steps: int) -> np.ndarray:
-        """Sorted sequence positions of the plan's samples not delivered in its first ``steps`` steps."""
+    def _bucketed_prefix(self, v: int, valid: int, count: int, span: int, lengths: Optional[Lengths]) -> np.ndarray:
+        """What worker ``v`` delivered in its first ``valid`` slots, stopped inside a window."""
+        if lengths is None:
+            raise ConfigError(
+                "the state was saved in the middle of a bucketing window (bucket_by): resuming it under another "
+                "layout needs the lengths of that window's samples; resume under the same layout"
+            )
+        order = np.fromiter(itertools.islice(self._valid_order(v), count), dtype=np.int64, count=count)
+        start = valid // span * span
+        window = order[start : start + span]
+        rank = v // self.spec.py_num_workers
+        perm = bucket.window_order(lengths(self, window), self.spec.mini_batch, self.spec.seed, self.epoch, rank, start // span)
+        return np.concatenate([order[:start], window[perm][: valid - start]])
+
+    def remaining(self, steps: int, lengths: Optional[Lengths] = None) -> np.ndarray:
+        """Sorted sequence positions of the plan's samples not delivered in its first ``steps``
+        steps (``lengths``: see ``consumed``)."""
         everything = np.arange(self.spec.num_samples, dtype=np.int64) if self.subset is None else self.subset
-        return np.setdiff1d(everything, self.consumed(steps), assume_unique=True)
+        return np.setdiff1d(everything, self.consumed(steps, lengths), assume_unique=True)
 
 
 def plan_epoch(shard_sizes: Sequence[int], *, epoch: int, **spec: Any) -> EpochPlan:

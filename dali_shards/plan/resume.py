@@ -9,7 +9,7 @@ sample lists. The state is the same on every rank (all ranks take the same steps
                  "name_set": "77ab...", "bytes": "c4d1..."},
      "seed": 42, "shuffle": true, "epoch": 7,
      "history": [{"world_size": 8, "num_workers": 4, "batch_size": 256, "last_batch": "pad",
-                  "shuffle_buffer": 1024, "steps": 311}]}
+                  "shuffle_buffer": 1024, "shuffle_block": 256, "bucket_window": 0, "steps": 311}]}
 
 The ``dataset`` entry identifies the shards (see ``statecheck``); a state is checked field by field
 before it is used. Resuming under the same layout continues every worker's order where it stopped (the epoch comes out
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from dali_shards.errors import ConfigError
-from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec
+from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, Lengths, PlanSpec
 from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, check_state_shape
 
 
@@ -81,11 +81,13 @@ def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) 
 
 
 def resume_point(
-    spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId] = None
+    spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId] = None, lengths: Optional[Lengths] = None
 ) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
     """Where a pipeline with ``spec`` over ``dataset`` resumes ``state``: the epoch to start at,
     the plan for that epoch (None for a plain start of it), and the layouts that already ran in
-    that epoch. A malformed state, or one saved for other shards or settings, is a ConfigError."""
+    that epoch. A malformed state, or one saved for other shards or settings, is a ConfigError.
+    ``lengths`` reads samples' lengths for bucketed layouts stopped inside a window (see
+    ``EpochPlan.consumed``)."""
     _check(spec, state, dataset)
     epoch = int(state["epoch"])
     history = list(state.get("history", []))
@@ -101,7 +103,7 @@ def resume_point(
             return epoch + 1, None, []
         if i == len(history) - 1 and layout == layout_of(spec):
             return epoch, EpochPlan(spec, epoch, subset, start_step=steps), history[:-1]
-        subset = past.remaining(steps)
+        subset = past.remaining(steps, lengths)
     plan = EpochPlan(spec, epoch, subset)
     if plan.steps == 0:  # too few samples left for a whole batch ("drop")
         return epoch + 1, None, []

@@ -23,7 +23,9 @@ from dali_shards.options import LastBatch
 
 log = logging.getLogger("dali_shards")
 STATE_FORMAT = "dali-shards-state"
-LAYOUT_KEYS = ("world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer", "shuffle_block")  # as saved
+LAYOUT_KEYS = (
+    "world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer", "shuffle_block", "bucket_window"
+)  # as saved
 SPEC_NAMES = {"num_workers": "py_num_workers"}  # a saved key -> the spec's field (states keep their format)
 _FIX = "resume with the shards the state was saved for, listed in the same order"
 
@@ -106,6 +108,7 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
         for key in ("world_size", "num_workers", "batch_size", "shuffle_buffer"):
             _want(entry, key, lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
         _want(entry, "shuffle_block", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
+        _want(entry, "bucket_window", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         _want(entry, "last_batch", lambda v: isinstance(v, str) and v in {m.value for m in LastBatch}, "'pad' or 'drop'", where)
         _want(entry, "steps", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         if entry["batch_size"] % entry["num_workers"]:

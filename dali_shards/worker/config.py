@@ -12,6 +12,7 @@ from dali_shards.options import ImageCheck, OnError, StorageOptions, option_defa
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
 from dali_shards.worker.layout import SampleLayout
+from dali_shards.worker.stage import SampleStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,7 @@ class WorkerConfig:
     mode). ``control`` is the path of the pipeline's control block (None: no supervision).
     ``offsets`` holds, per shard, where each sample begins and the last one ends (see
     ``catalog.manifest.ShardInfo``), or None where unknown (the worker then scans a local shard).
+    ``stage`` decodes, maps and measures samples (default: the layout's packing alone).
     """
 
     spec: Union[PlanSpec, StreamingSpec]
@@ -32,6 +34,7 @@ class WorkerConfig:
     byte_sizes: Tuple[Optional[int], ...]
     layout: SampleLayout
     offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
+    stage: Optional[SampleStage] = field(default=None, compare=False, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     image_check: ImageCheck = ImageCheck(option_default("image_check"))
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -50,6 +53,8 @@ class WorkerConfig:
             object.__setattr__(self, "offsets", (None,) * len(self.urls))
         if len(self.offsets) != len(self.urls):
             raise ValueError("one offsets array (or None) per shard URL is required")
+        if self.stage is None:
+            object.__setattr__(self, "stage", SampleStage(self.layout))
         object.__setattr__(self, "on_error", OnError(self.on_error))
         object.__setattr__(self, "image_check", ImageCheck(self.image_check))
 

@@ -14,14 +14,19 @@ slowly, so each batch slot carries one array, and the large field (``jpg``) trav
 Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its status (1 valid, 0 padding, -1 a
 sample skipped with ``on_error="skip"``; ``__valid__`` is status == 1), then per field: ``.cls``-like
 fields one slot (the integer), byte fields other than the payload two (offset and length, in the
-table or the packed array). A padding slot carries a real sample and its index; a skipped slot
-carries a real sample (to keep decoders fed) and the skipped sample's index.
+table or the packed array), arrays (``.npy`` members, a ``map``'s array outputs) two more than
+their dimensions (offset, length in bytes, then the shape; only the shape for the payload). A
+padding slot carries a real sample and its index; a skipped slot carries a real sample (to keep
+decoders fed) and the skipped sample's index.
+
+With a ``map`` (``outputs`` given) the fields are what the workers read and decode for it, and
+its outputs are what travel, in the same slots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,14 +34,17 @@ from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.io.tarformat import RawSample
 from dali_shards.io.tarheader import printable
 from dali_shards.options import ImageCheck, option_default
+from dali_shards.worker.decoders import INT_EXTENSIONS, decode_int, decode_npy
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, image_problem
+from dali_shards.worker.outputs import OutputSpec
 
 KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
 SPECIAL_FIELDS = (KEY, INDEX, VALID)
-INT_EXTENSIONS = frozenset({"cls"})
 INDEX_SLOT, VALID_SLOT = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
+
+
 def table_slot(worker: int, py_num_workers: int, mini_batch: int) -> int:
     """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
     return (worker + 1) % py_num_workers * mini_batch
@@ -44,26 +52,40 @@ def table_slot(worker: int, py_num_workers: int, mini_batch: int) -> int:
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One requested field: its name, kind (payload, bytes, int, key, index, valid), the
-    extensions that may provide it (first present wins, as in ``"jpg;png"``), its header slot."""
+    """One field that travels: its name, kind (payload, bytes, int, array, key, index, valid), the
+    extensions that may provide it (first present wins, as in ``"jpg;png"``; none for a ``map``'s
+    outputs), its first header slot, and for arrays (and an array payload) dtype and dimensions."""
 
     name: str
     kind: str
     extensions: Tuple[str, ...]
     slot: int
+    dtype: Optional[str] = None
+    ndim: Optional[int] = None
+
+    @property
+    def slots(self) -> int:
+        """Header slots it takes."""
+        if self.kind in ("index", "valid"):
+            return 0
+        if self.kind == "payload":
+            return (self.ndim or 0) if self.dtype is not None else 0
+        return {"int": 1, "array": 2 + (self.ndim or 0)}.get(self.kind, 2)
 
 
 class Packed:
     """A sample ready for batching: its header row, its payload (table layout) and the bytes of
-    its other byte fields, or (packed layout) the single array with all of them."""
+    its other byte fields, or (packed layout) the single array with all of them; and its length
+    for bucketing."""
 
-    __slots__ = ("header", "payload", "parts", "blob")
+    __slots__ = ("header", "payload", "parts", "blob", "length")
 
-    def __init__(self, header, payload=None, parts=(), blob=None):
+    def __init__(self, header, payload=None, parts=(), blob=None, length: int = 0):
         self.header = header
         self.payload = payload
         self.parts = parts
         self.blob = blob
+        self.length = length  # what bucket_by said (0 without it)
 
     def as_padding(self) -> "Packed":
         """The same sample marked padding (the header is copied, the data shared)."""
@@ -82,11 +104,14 @@ class Packed:
         header[VALID_SLOT] = status
         if index is not None:
             header[INDEX_SLOT] = index
-        return Packed(header, self.payload, self.parts, blob)
+        return Packed(header, self.payload, self.parts, blob, self.length)
 
 
 class SampleLayout:
-    """Field specs, header slots, and the packing of samples for one layout."""
+    """Field specs, header slots, and the packing of samples for one layout. ``fields`` are the
+    requested fields (read from the members); ``outputs``, with a ``map``, the specs of what it
+    returns (these travel instead); ``arrays``, without one, the dtype and dimensions of ``.npy``
+    fields (from the first sample)."""
 
     def __init__(
         self,
@@ -95,52 +120,55 @@ class SampleLayout:
         table: bool = False,
         payload: Optional[str] = None,
         image_check: str = option_default("image_check"),
+        outputs: Optional[Sequence[OutputSpec]] = None,
+        arrays: Optional[Mapping[str, Tuple[str, int]]] = None,
     ):
         if isinstance(fields, str) or not fields:
             raise ConfigError(
                 f"fields must be a non-empty sequence of extensions such as ('jpg', 'cls'), got {fields!r}"
             )
-        specs = []
-        slot = 2
-        for name in fields:
-            if not isinstance(name, str) or not name.strip(" ;."):
-                raise ConfigError(f"invalid field name {name!r} in fields={tuple(fields)!r}")
-            if name in SPECIAL_FIELDS:
-                kind = {KEY: "key", INDEX: "index", VALID: "valid"}[name]
-                exts: Tuple[str, ...] = ()
-            else:
-                exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
-                kind = "int" if all(e in INT_EXTENSIONS for e in exts) else "bytes"
-            if name == payload and table:
-                if kind != "bytes":
-                    raise ConfigError(f"payload field {payload!r} must be a member's bytes, not {kind}")
-                specs.append(FieldSpec(name, "payload", exts, -1))
-            elif kind == "index":
-                specs.append(FieldSpec(name, kind, exts, INDEX_SLOT))
-            elif kind == "valid":
-                specs.append(FieldSpec(name, kind, exts, VALID_SLOT))
-            else:
-                specs.append(FieldSpec(name, kind, exts, slot))
-                slot += 1 if kind == "int" else 2
-        names = [s.name for s in specs]
+        inputs = [_input_spec(name, fields) for name in fields]
+        names = [name for name, _, _ in inputs]
         if len(set(names)) != len(names):
             raise ConfigError(f"fields must be distinct, got {tuple(fields)!r}")
-        if payload is not None and payload not in names:
-            raise ConfigError(f"payload field {payload!r} is not among the fields {tuple(names)!r}")
+        self.input_fields: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = tuple(inputs)
+        self.outputs = None if outputs is None else tuple(outputs)
+        arrays = dict(arrays or {})
+        wanted = inputs if outputs is None else [_output_kind(o) for o in outputs]
+        specs, slot = [], 2
+        for name, kind, exts in wanted:
+            dtype, ndim = None, None
+            if kind == "array":
+                dtype, ndim = (arrays.get(name) or ("uint8", 1)) if outputs is None else _array_type(outputs, name)
+            if name == payload and table:
+                if kind not in ("bytes", "array"):
+                    raise ConfigError(f"payload field {payload!r} must be a member's bytes or an array, not {kind}")
+                spec = FieldSpec(name, "payload", exts, slot, dtype, ndim)
+            else:
+                spec = FieldSpec(name, kind, exts, {"index": INDEX_SLOT, "valid": VALID_SLOT}.get(kind, slot), dtype, ndim)
+            specs.append(spec)
+            slot += spec.slots
+        out_names = [f.name for f in specs]
+        if len(set(out_names)) != len(out_names):
+            raise ConfigError(f"outputs must be distinct, got {tuple(out_names)!r}")
+        if payload is not None and payload not in out_names:
+            raise ConfigError(f"payload field {payload!r} is not among the fields {tuple(out_names)!r}")
         self.fields: Tuple[FieldSpec, ...] = tuple(specs)
         self.table = table
         self.payload = payload if table else None
         self.image_check = ImageCheck(image_check)
+        self.arrays = arrays
         self.header_slots = slot
         self.header_bytes = 8 * slot
-        self.extensions = frozenset(e for s in specs for e in s.extensions)
+        self.extensions = frozenset(e for _, _, exts in inputs for e in exts)
         self._has_key = any(s.kind == "key" for s in specs)
-        # Reading straight into the arrays that go to the pipeline saves a copy per sample: the
-        # payload into an array of its own; in the packed layout, when it is the only byte field
-        # besides the key, the byte field into the packed array right after the header.
-        self._payload_exts = frozenset(e for s in specs if s.kind == "payload" for e in s.extensions)
-        heap = [s for s in specs if s.kind == "bytes"]
-        self._placed = heap[0] if (not table and len(heap) == 1) else None
+        # Reading straight into the arrays that go to the pipeline saves a copy per sample (without a
+        # map): the payload into an array of its own; in the packed layout, when it is the only byte
+        # field besides the key, the byte field into the packed array right after the header.
+        plain = outputs is None
+        self._payload_exts = frozenset(e for s in specs if plain and s.kind == "payload" and s.dtype is None for e in s.extensions)
+        heap = [s for s in specs if s.kind in ("bytes", "array")]
+        self._placed = heap[0] if (plain and not table and len(heap) == 1 and heap[0].kind == "bytes") else None
         self._placed_exts = frozenset(self._placed.extensions) if self._placed else frozenset()
 
     def __repr__(self) -> str:
@@ -148,16 +176,23 @@ class SampleLayout:
         return f"SampleLayout({[f.name for f in self.fields]!r}, {kind})"
 
     def __getstate__(self):
-        fields = [f.name for f in self.fields]
-        return {"fields": fields, "table": self.table, "payload": self.payload, "image_check": self.image_check.value}
+        return {
+            "fields": [name for name, _, _ in self.input_fields],
+            "table": self.table,
+            "payload": self.payload,
+            "image_check": self.image_check.value,
+            "outputs": self.outputs,
+            "arrays": self.arrays,
+        }
 
     def __setstate__(self, state):
-        self.__init__(state["fields"], table=state["table"], payload=state["payload"], image_check=state["image_check"])
+        fields = state.pop("fields")
+        self.__init__(fields, **state)
 
     @property
     def byte_fields(self) -> Tuple[FieldSpec, ...]:
         """The fields that carry member bytes (not integers, keys, index or valid)."""
-        return tuple(f for f in self.fields if f.kind in ("bytes", "payload"))
+        return tuple(f for f in self.fields if f.kind in ("bytes", "payload") and f.extensions)
 
     # -- worker side ---------------------------------------------------------------------
     def destination(self, sample: RawSample, ext: str, size: int) -> Optional[np.ndarray]:
@@ -172,52 +207,75 @@ class SampleLayout:
         return None
 
     def pack(self, sample: RawSample, index: int) -> Packed:
-        """A sample read from a shard, ready for batching, marked valid; raises ShardFormatError
-        (naming the shard and the sample) if it lacks a field or holds bad data."""
+        """A sample read from a shard (no ``map``), ready for batching, marked valid; raises
+        ShardFormatError (naming the shard and the sample) if it lacks a field or holds bad data."""
         if sample.error:
             raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
-        parts: List[Tuple[int, bytes]] = []
-        ints = []
-        payload = None
+        values: Dict[str, Any] = {}
         placed = None
+        for spec in self.fields:
+            if spec.kind in ("key", "index", "valid"):
+                continue
+            data = self.member(sample, spec.name, spec.extensions)
+            if spec.kind == "int":
+                values[spec.name] = self._parse_int(sample, spec, data)
+            elif spec.kind == "array" or (spec.kind == "payload" and spec.dtype is not None):
+                values[spec.name] = self._parse_npy(sample, spec, data)
+            elif spec is self._placed and sample.extra is not None and sample.extra[0] == self._chosen(sample, spec):
+                placed = (spec.slot, sample.extra[1], sample.extra[2])
+            else:
+                values[spec.name] = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+        return self.pack_values(values, index, sample.key, placed)
+
+    def pack_values(self, values: Mapping[str, Any], index: int, key: str, placed=None) -> Packed:
+        """A sample's values (each output as it travels: an int, a uint8 array of bytes, an
+        array), ready for batching, marked valid."""
+        parts: List[Tuple[int, Any]] = []
+        header = np.empty(self.header_slots, dtype=np.int64)
+        header[INDEX_SLOT], header[VALID_SLOT] = index, STATUS_VALID
+        payload = None
         for spec in self.fields:
             kind = spec.kind
             if kind == "key":
-                parts.append((spec.slot, sample.key.encode("utf-8", "surrogateescape")))
-            elif kind == "payload":
-                data = self._member(sample, spec)
-                payload = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
-            elif kind == "bytes":
-                data = self._member(sample, spec)
-                if spec is self._placed and sample.extra is not None and sample.extra[0] == self._chosen(sample, spec):
-                    placed = (spec.slot, sample.extra[1], sample.extra[2])
+                parts.append((spec.slot, key.encode("utf-8", "surrogateescape")))
+            elif kind == "int":
+                header[spec.slot] = values[spec.name]
+            elif kind in ("bytes", "array", "payload") and not (placed and spec.slot == placed[0]):
+                data = values[spec.name]
+                if spec.dtype is not None:  # an array: its shape in the header, its bytes travel
+                    data = np.ascontiguousarray(data)
+                    dims = spec.slot + (0 if kind == "payload" else 2)
+                    header[dims : dims + data.ndim] = data.shape
+                    data = data.reshape(-1).view(np.uint8)
+                if kind == "payload":
+                    payload = data
                 else:
                     parts.append((spec.slot, data))
-            elif kind == "int":
-                ints.append((spec.slot, self._parse_int(sample, spec, self._member(sample, spec))))
         if self.table:
-            header = np.empty(self.header_slots, dtype=np.int64)
-            self._fill(header, index, ints)
             return Packed(header, payload, parts)
+        return self._blob(header, parts, placed)
+
+    def _blob(self, header: np.ndarray, parts: List[Tuple[int, Any]], placed) -> Packed:
+        """The packed layout's single array: the header, then the bytes of every field."""
         if placed is not None:
             slot, size, blob = placed
             offset = self.header_bytes + size
         else:
             blob = np.empty(self.header_bytes + sum(len(d) for _, d in parts), dtype=np.uint8)
             offset = self.header_bytes
-        header = blob[: self.header_bytes].view(np.int64)
-        self._fill(header, index, ints)
+        head = blob[: self.header_bytes].view(np.int64)
+        head[:] = header
         if placed is not None:
-            header[slot] = self.header_bytes
-            header[slot + 1] = size
+            head[slot] = self.header_bytes
+            head[slot + 1] = size
         view = memoryview(blob)
         for slot_, data in parts:
             end = offset + len(data)
             view[offset:end] = data
-            header[slot_] = offset
-            header[slot_ + 1] = len(data)
+            head[slot_] = offset
+            head[slot_ + 1] = len(data)
             offset = end
-        return Packed(header, blob=blob)
+        return Packed(head, blob=blob)
 
     def slot_array(self, packed: Packed) -> np.ndarray:
         """What a sample's own batch slot carries."""
@@ -256,28 +314,22 @@ class SampleLayout:
         return table
 
     @staticmethod
-    def _fill(header: np.ndarray, index: int, ints) -> None:
-        header[INDEX_SLOT] = index
-        header[VALID_SLOT] = 1
-        for slot, value in ints:
-            header[slot] = value
-
-    @staticmethod
     def _chosen(sample: RawSample, spec: FieldSpec) -> Optional[str]:
         for ext in spec.extensions:
             if ext in sample.data:
                 return ext
         return None
 
-    def _member(self, sample: RawSample, spec: FieldSpec):
-        for ext in spec.extensions:
+    def member(self, sample: RawSample, name: str, extensions: Sequence[str]):
+        """The data of field ``name``: its first present member, image members checked."""
+        for ext in extensions:
             data = sample.data.get(ext)
             if data is not None:
                 problem = image_problem(data, self.image_check) if ext in IMAGE_EXTENSIONS else None
                 if problem:
                     raise ShardFormatError(
                         sample.url,
-                        f"member {printable(sample.key)}.{ext} of field {spec.name!r} {problem}",
+                        f"member {printable(sample.key)}.{ext} of field {name!r} {problem}",
                         key=sample.key,
                         hint="re-encode or remove the sample, or pass on_error='skip' to skip such samples",
                     )
@@ -285,25 +337,64 @@ class SampleLayout:
         present = ", ".join(sample.extensions) or "none"
         raise ShardFormatError(
             sample.url,
-            f"no member for field {spec.name!r} (the sample has: {present})",
+            f"no member for field {name!r} (the sample has: {present})",
             key=sample.key,
             hint="request fields every sample has, list alternatives as 'jpg;png', or fix the shard",
         )
 
     @staticmethod
     def _parse_int(sample: RawSample, spec: FieldSpec, data) -> int:
-        text = bytes(data)[:64].strip()  # an int64 has at most 20 characters
         try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not -(1 << 63) <= value < (1 << 63):
-            what = "a text integer" if value is None else "an integer that fits in 64 bits"
+            return decode_int(data)
+        except ValueError as exc:
+            what = "an integer that fits in 64 bits" if "64 bits" in str(exc) else "a text integer"
             raise ShardFormatError(
                 sample.url,
                 f"field {spec.name!r} must hold {what}, got {bytes(data)[:40]!r}",
                 key=sample.key,
                 hint="write class labels as decimal text (e.g. b'281'), or request the field as bytes "
                 "under another extension",
+            ) from None
+
+    @staticmethod
+    def _parse_npy(sample: RawSample, spec: FieldSpec, data) -> np.ndarray:
+        try:
+            array = decode_npy(data)
+        except (ValueError, OSError, EOFError) as exc:
+            raise ShardFormatError(
+                sample.url, f"field {spec.name!r} is not a readable .npy array ({exc})", key=sample.key,
+                hint="write it with np.save (numeric dtypes, no pickled objects)",
+            ) from None  # fmt: skip
+        if (array.dtype.name, array.ndim) != (spec.dtype, spec.ndim):
+            raise ShardFormatError(
+                sample.url,
+                f"field {spec.name!r} is a {array.dtype.name} array with {array.ndim} dimensions here, but "
+                f"{spec.dtype} with {spec.ndim} in the first sample",
+                key=sample.key,
+                hint="store every sample's .npy with one dtype and number of dimensions",
             )
-        return value
+        return array
+
+
+def _input_spec(name: Any, fields: Sequence[Any]) -> Tuple[str, str, Tuple[str, ...]]:
+    """(name, kind, extensions) of a requested field."""
+    if not isinstance(name, str) or not name.strip(" ;."):
+        raise ConfigError(f"invalid field name {name!r} in fields={tuple(fields)!r}")
+    if name in SPECIAL_FIELDS:
+        return name, {KEY: "key", INDEX: "index", VALID: "valid"}[name], ()
+    exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
+    if all(e in INT_EXTENSIONS for e in exts):
+        return name, "int", exts
+    return name, ("array" if all(e == "npy" for e in exts) else "bytes"), exts
+
+
+def _output_kind(spec: OutputSpec) -> Tuple[str, str, Tuple[str, ...]]:
+    """(name, kind, no extensions) of a ``map`` output."""
+    if spec.name in SPECIAL_FIELDS:
+        return spec.name, {KEY: "key", INDEX: "index", VALID: "valid"}[spec.name], ()
+    return spec.name, spec.kind, ()
+
+
+def _array_type(outputs: Sequence[OutputSpec], name: str) -> Tuple[str, int]:
+    spec = next(o for o in outputs if o.name == name)
+    return spec.dtype, spec.ndim

@@ -10,9 +10,10 @@ imports no DALI.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
+from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
@@ -81,9 +82,13 @@ class EpochBatches:
 
     def _start(self, plan: EpochPlan) -> None:
         src = self.source
-        emissions = plan.worker_emissions(src.config.virtual_worker)
+        m = plan.spec.mini_batch
+        span = window_steps(plan.spec.bucket_window, m) * m
+        skip = plan.start_step * m
+        first = skip // span * span if span else skip  # bucketing: from the start of the window
+        emissions = list(plan.iter_worker_order(src.config.virtual_worker))[first:]
         self._steps = plan.steps - plan.start_step
-        self._order = iter(emissions)
+        self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         needed = {pos for pos, _ in emissions}
         reader = ShardReader(src.config, src.slot.progress)
         v = src.config.virtual_worker
@@ -93,6 +98,28 @@ class EpochBatches:
             return
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
+
+    def _bucketed(self, emissions: List[Tuple[int, bool]], span: int, skip: int, first: int) -> Iterator[Tuple[int, bool]]:
+        """``emissions`` window by window, each window's valid samples (all read first) in the
+        order ``plan.bucket`` gives their lengths, the padding after them; the first ``skip``
+        slots left out (a resumed epoch goes on inside a window)."""
+        cfg = self.source.config
+        for w, start in enumerate(range(0, len(emissions), span)):
+            window = emissions[start : start + span]
+            valid = [pos for pos, ok in window if ok]
+            items = [self._take(pos) for pos in valid]
+            self._last = (-1, None)
+            lengths = [item.length if isinstance(item, Packed) else -1 for item in items]
+            perm = window_order(lengths, cfg.spec.mini_batch, cfg.spec.seed, self.epoch, cfg.rank, first + w)
+            self._pending.update(zip(valid, items))
+            ordered = [(valid[i], True) for i in perm]
+            pad = ordered[-1][0] if ordered else None  # padding copies the last sample emitted
+            ordered += [(pos if pad is None else pad, False) for pos, ok in window if not ok]
+            for entry in ordered:
+                if skip:
+                    skip -= 1
+                    continue
+                yield entry
 
     def _ends_at(self) -> int:
         """The step this epoch ends at: its last, or where the main process cut it short."""

@@ -116,7 +116,7 @@ class ShardReader:
 
     def _pack(self, sample, url: str, index: int) -> Item:
         try:
-            return self.config.layout.pack(sample, index)
+            return self.config.stage.pack(sample, index)
         except ShardError as exc:
             if not self.config.skips:
                 raise

@@ -1,0 +1,128 @@
+"""What travels, decided from the first sample when the pipeline is built (no DALI).
+
+DALI fixes each output's dtype and number of dimensions when the pipeline is built, but a
+``map``'s outputs, and ``.npy`` fields, are only known by running it. So the main process reads the
+first sample of the first shard that has one, runs the worker's stage on it (decoders, ``map``),
+and takes the types from there; later samples must keep them. Errors in user code surface here,
+at build time, naming the shard and the sample; under ``on_error="skip"`` the next samples are
+tried.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
+from dali_shards.io.storage import open_shard
+from dali_shards.io.tarformat import RawSample, TarReader
+from dali_shards.options import OnError, ShardedOptions
+from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout
+from dali_shards.worker.outputs import OutputSpec, classify
+from dali_shards.worker.stage import SampleStage
+
+PROBE_SAMPLES = 100  # samples tried with on_error="skip" before giving up
+
+
+def output_names(func: Any, fn_args: Sequence[Any] = (), fn_kwargs: Optional[Dict[str, Any]] = None) -> Tuple[str, ...]:
+    """The outputs a ``map`` must return: the function's parameters without defaults, in order,
+    but those given when calling it (``fn_args`` fill the last of them, ``fn_kwargs`` by name)."""
+    fn_kwargs = fn_kwargs or {}
+    params = inspect.signature(func).parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        raise ConfigError(
+            f"with map=, {getattr(func, '__name__', func)}() must name its parameters after the map's outputs "
+            "(no *args or **kwargs)"
+        )
+    names = [p.name for p in params if p.default is p.empty and p.name not in fn_kwargs]
+    names = names[: len(names) - len(fn_args)] if fn_args else names
+    if not names:
+        raise ConfigError(f"with map=, {getattr(func, '__name__', func)}() needs parameters: the map's outputs")
+    return tuple(names)
+
+
+def samples(shards: Sequence[ShardInfo], options: ShardedOptions, extensions) -> Iterator[Tuple[RawSample, int]]:
+    """(sample, canonical index) of the first samples of the shards, in order."""
+    start = 0
+    for shard in shards:
+        if shard.samples > 0:
+            with open_shard(shard.url, options.storage, shard.bytes) as stream:
+                for sample in TarReader(stream, shard.url).samples(extensions, stop=shard.samples):
+                    yield sample, start + sample.position
+        start += shard.samples
+
+
+def probe(
+    options: ShardedOptions, shards: Sequence[ShardInfo], stage: SampleStage, names: Sequence[str]
+) -> Tuple[List[OutputSpec], Dict[str, int]]:
+    """The specs of the outputs ``names`` (with a ``map``) or of the ``.npy`` fields (without),
+    and their sizes in bytes, from the first sample the stage handles."""
+    error: Optional[ShardError] = None
+    for tried, (sample, index) in enumerate(samples(shards, options, stage.layout.extensions)):
+        if tried >= PROBE_SAMPLES:
+            break
+        try:
+            return _specs(stage, sample, index, names)
+        except ShardError as exc:
+            if OnError(options.on_error) is OnError.RAISE:
+                raise
+            error = error or exc
+    if error is not None:
+        raise error
+    raise EmptyDatasetError("the shards hold no samples")
+
+
+def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[str]):
+    inputs = stage.inputs(sample, index)
+    if not stage.mapped:
+        return [OutputSpec(n, "array", inputs[n].dtype.name, inputs[n].ndim) for n in names], {}
+    result = stage.run_map(sample, inputs)
+    specs, sizes = [], {}
+    for name in names:
+        if name in SPECIAL_FIELDS:
+            specs.append(OutputSpec(name, "special"))
+            continue
+        stage.outputs(sample, result, [OutputSpec(name, "array")], check_types=False)  # present?
+        spec, value = stage.check(sample, lambda name=name: classify(name, result[name]))
+        specs.append(spec)
+        sizes[name] = getattr(value, "nbytes", 8)
+    return specs, sizes
+
+
+def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> SampleLayout:
+    """The layout of a ``map``'s outputs: the table layout for two or more workers, with the
+    largest output (in the first sample) as payload."""
+    if options.py_num_workers < 2:
+        return SampleLayout(options.fields, outputs=specs, image_check=options.image_check)
+    movable = [(sizes.get(s.name, 0), -i, s.name) for i, s in enumerate(specs) if s.kind in ("bytes", "array")]
+    payload = max(movable)[2] if movable else None
+    return SampleLayout(options.fields, table=True, payload=payload, outputs=specs, image_check=options.image_check)
+
+
+class SampleLengths:
+    """Samples' lengths (``bucket_by``) read in the main process, as the workers compute them: what
+    a bucketed epoch resumed under another layout needs to know which samples the window it stopped
+    in had delivered (see ``EpochPlan.consumed``). A sample that cannot be read has length -1, as
+    a skipped one in a worker."""
+
+    def __init__(self, shards: Sequence[ShardInfo], options: ShardedOptions, stage: SampleStage):
+        self.shards, self.options, self.stage = shards, options, stage
+
+    def __call__(self, plan: Any, positions: Any) -> Any:
+        import numpy as np
+
+        shard, local = plan.locate(positions)
+        found: Dict[Tuple[int, int], int] = {}
+        for s in sorted(set(shard.tolist())):
+            wanted = set(local[shard == s].tolist())
+            info = self.shards[s]
+            base = int(plan.canonical_starts[s])
+            with open_shard(info.url, self.options.storage, info.bytes) as stream:
+                reader = TarReader(stream, info.url).samples(self.stage.layout.extensions, select=wanted.__contains__)
+                for sample in reader:
+                    try:
+                        found[(s, sample.position)] = self.stage.pack(sample, base + sample.position).length
+                    except ShardError:
+                        found[(s, sample.position)] = -1
+        return np.array([found.get((s, l), -1) for s, l in zip(shard.tolist(), local.tolist())], dtype=np.int64)

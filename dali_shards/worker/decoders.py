@@ -1,0 +1,88 @@
+"""Built-in decoders: a member's bytes as the value a ``map`` receives, chosen by extension as
+WebDataset does. Runs in the worker processes; imports no DALI.
+
+========================  ==================================================================
+extension                 value
+========================  ==================================================================
+``cls``, ``index``,       a Python ``int`` (decimal text; a ``ShardFormatError`` otherwise)
+``label``
+``json``                  the parsed object (``json.loads``)
+``npy``                   an ``np.ndarray``, dtype and shape kept (``np.load``, ``allow_pickle=False``)
+``txt``                   a ``str`` (UTF-8)
+anything else             ``bytes`` (images stay encoded, for DALI's decoders)
+========================  ==================================================================
+
+Without ``map``, fields reach the pipeline as integers (the first row), ``.npy`` arrays, and bytes
+(everything else, ``.json`` and ``.txt`` included). ``decoders={field: callable}`` replaces the
+decoder of a field (``callable(bytes) -> value``); ``decoders={field: "bytes"}`` keeps its bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+import numpy as np
+
+from dali_shards.errors import ConfigError
+
+INT_EXTENSIONS = frozenset({"cls", "index", "label"})
+Decoder = Callable[[bytes], Any]
+
+
+def decode_int(data: bytes) -> int:
+    """A decimal text integer that fits in 64 bits (``ValueError`` otherwise)."""
+    text = bytes(data)[:64].strip()  # an int64 has at most 20 characters
+    value = int(text)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"{value} does not fit in 64 bits")
+    return value
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    """An ``.npy`` member as its array (no pickled objects)."""
+    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+
+
+def decode_json(data: bytes) -> Any:
+    return json.loads(bytes(data))
+
+
+def decode_txt(data: bytes) -> str:
+    return bytes(data).decode("utf-8")
+
+
+def keep_bytes(data: bytes) -> bytes:
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+_WITH_MAP: Dict[str, Decoder] = {"json": decode_json, "npy": decode_npy, "txt": decode_txt}
+_WITHOUT_MAP: Dict[str, Decoder] = {"npy": decode_npy}
+
+
+def builtin_decoder(ext: str, mapped: bool) -> Optional[Decoder]:
+    """The decoder of a member with extension ``ext`` (None: its bytes as they are), with a
+    ``map`` (``mapped``) or without."""
+    if ext in INT_EXTENSIONS:
+        return decode_int
+    return (_WITH_MAP if mapped else _WITHOUT_MAP).get(ext)
+
+
+def check_decoders(decoders: Optional[Mapping[str, Union[str, Decoder]]], fields) -> Dict[str, Optional[Decoder]]:
+    """The ``decoders`` option, checked: field name -> decoder (None: bytes)."""
+    if decoders is None:
+        return {}
+    if not isinstance(decoders, Mapping):
+        raise ConfigError(f"decoders must map field names to callables or 'bytes', got {decoders!r}")
+    out: Dict[str, Optional[Decoder]] = {}
+    for name, decoder in decoders.items():
+        if name not in fields:
+            raise ConfigError(f"decoders names field {name!r}, which is not among fields={tuple(fields)!r}")
+        if decoder == "bytes" or decoder is None:
+            out[name] = None
+        elif callable(decoder):
+            out[name] = decoder
+        else:
+            raise ConfigError(f"decoders[{name!r}] must be a callable (bytes -> value) or 'bytes', got {decoder!r}")
+    return out

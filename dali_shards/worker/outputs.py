@@ -1,0 +1,87 @@
+"""What a ``map`` may return, and how each output's type is fixed for the whole run.
+
+DALI needs every output to keep one dtype and one number of dimensions across samples. The first
+sample's outputs (read when the pipeline is built) fix them: a Python ``int`` (or NumPy integer
+scalar) travels as an int64 scalar; ``bytes`` as 1-D uint8; a NumPy array (or a number, bool,
+list or tuple NumPy turns into one) as an array of its dtype and number of dimensions, its shape
+free to vary. Strings, objects and ragged nested lists cannot go to DALI: they are refused with
+an error naming the output. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Tuple
+
+import numpy as np
+
+DALI_DTYPES = frozenset(
+    {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
+)
+
+
+class OutputTypeError(TypeError):
+    """An output DALI cannot take, or of another type than the first sample's."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output of ``map``: its name, kind (``int``, ``bytes`` or ``array``), NumPy dtype name
+    and number of dimensions."""
+
+    name: str
+    kind: str
+    dtype: str = "uint8"
+    ndim: int = 1
+
+    def describe(self) -> str:
+        if self.kind == "int":
+            return "a Python int"
+        if self.kind == "bytes":
+            return "bytes"
+        return f"a {self.dtype} array with {self.ndim} dimension{'s' if self.ndim != 1 else ''}"
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # ragged nested lists (NumPy >= 1.24)
+        raise OutputTypeError(f"output {name!r} is a ragged nested list ({exc}), which DALI cannot take") from None
+    if array.dtype.name not in DALI_DTYPES:
+        raise OutputTypeError(
+            f"output {name!r} is {type(value).__name__} of dtype {array.dtype}, which DALI cannot take: return "
+            "an int, bytes or a NumPy array of numbers or bools (encode strings to bytes or token ids)"
+        )
+    return array
+
+
+def classify(name: str, value: Any) -> Tuple[OutputSpec, Any]:
+    """The spec a value stands for, and the value as it travels (int, uint8 array or array)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return OutputSpec(name, "bytes"), np.frombuffer(value, dtype=np.uint8)
+    if isinstance(value, str):
+        raise OutputTypeError(
+            f"output {name!r} is a str, which DALI cannot take: encode it (.encode()) or turn it into token ids"
+        )
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        if not -(1 << 63) <= int(value) < (1 << 63):
+            raise OutputTypeError(f"output {name!r} is {value}, which does not fit in int64")
+        return OutputSpec(name, "int", "int64", 0), int(value)
+    array = _array(name, value)
+    return OutputSpec(name, "array", array.dtype.name, array.ndim), array
+
+
+def conform(spec: OutputSpec, value: Any) -> Any:
+    """``value`` as output ``spec`` travels; ``OutputTypeError`` if it is not of that type."""
+    got, converted = classify(spec.name, value)
+    if got == spec:
+        return converted
+    if spec.kind == "array" and got.kind == "int" and spec.ndim == 0 and spec.dtype == "int64":
+        return np.asarray(converted, dtype=np.int64)
+    if spec.kind == "int" and got.kind == "array" and got.ndim == 0 and got.dtype.startswith(("int", "uint")):
+        return int(converted)
+    raise OutputTypeError(
+        f"output {spec.name!r} is {got.describe()} here but {spec.describe()} in the first sample: return the same "
+        "type (and dtype and number of dimensions) for every sample, e.g. np.asarray(x, dtype=np.float32)"
+    )

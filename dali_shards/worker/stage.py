@@ -1,0 +1,142 @@
+"""The Python stage of a worker: what becomes of a sample between its members and its batch slot.
+
+Without a ``map`` the layout packs the members as they are (integers parsed, ``.npy`` loaded).
+With one, the requested fields are decoded (``worker/decoders.py``, or the user's ``decoders``)
+into a dict, with ``"__key__"``; the map's dict of outputs is checked against the types the first
+sample fixed (``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is
+computed too (from the map's outputs, or from the decoded fields without a map). User code that
+raises, or returns what cannot travel, is a ``ShardMapError`` naming the shard, the sample and the
+field or output. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+from dali_shards.errors import ShardError, ShardFormatError, ShardMapError
+from dali_shards.io.tarformat import RawSample
+from dali_shards.worker.decoders import builtin_decoder
+from dali_shards.worker.layout import KEY, INDEX, VALID, Packed, SampleLayout
+from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
+from dali_shards.worker.usercode import Portable, failure
+
+
+class SampleStage:
+    """Decoding, ``map`` and ``bucket_by`` for ``layout`` (see the module). ``decoders`` maps a
+    field's name to its decoder (a ``Portable``, or None for its bytes)."""
+
+    def __init__(
+        self,
+        layout: SampleLayout,
+        mapper: Optional[Portable] = None,
+        decoders: Optional[Mapping[str, Optional[Portable]]] = None,
+        bucket_by: Optional[Portable] = None,
+    ):
+        self.layout = layout
+        self.mapper = mapper
+        self.decoders = dict(decoders or {})
+        self.bucket_by = bucket_by
+
+    @property
+    def mapped(self) -> bool:
+        return self.mapper is not None
+
+    def inputs(self, sample: RawSample, index: int) -> Dict[str, Any]:
+        """The requested fields of a sample, decoded, and its ``"__key__"``."""
+        if sample.error:
+            raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
+        out: Dict[str, Any] = {KEY: sample.key}
+        for name, kind, exts in self.layout.input_fields:
+            if kind in ("key", "index", "valid"):
+                out[name] = {"key": sample.key, "index": index, "valid": True}[kind]
+                continue
+            data = self.layout.member(sample, name, exts)
+            ext = next(e for e in exts if sample.data.get(e) is not None)
+            out[name] = self._decode(sample, name, ext, data)
+        return out
+
+    def _decode(self, sample: RawSample, name: str, ext: str, data: Any) -> Any:
+        if name in self.decoders:
+            decoder = self.decoders[name]
+            if decoder is None:
+                return bytes(data)
+            try:
+                return decoder(bytes(data))
+            except Exception as exc:  # noqa: BLE001 - the user's decoder
+                raise failure(sample.url, sample.key, f"the decoder of field {name!r} ({decoder.name})", exc) from None
+        decoder = builtin_decoder(ext, mapped=self.mapped)
+        if decoder is None:
+            return data if isinstance(data, bytes) else bytes(data)
+        try:
+            return decoder(data)
+        except Exception as exc:  # noqa: BLE001 - bad member data
+            raise ShardFormatError(
+                sample.url,
+                f"field {name!r} (member .{ext}) cannot be decoded as .{ext}: {type(exc).__name__}: {exc}",
+                key=sample.key,
+                hint=f"fix the member, or pass decoders={{{name!r}: 'bytes'}} (or your own decoder), or "
+                "on_error='skip'",
+            ) from None
+
+    def pack(self, sample: RawSample, index: int) -> Packed:
+        """A sample ready for batching (see the module); a ``ShardError`` naming it if it cannot."""
+        if not self.mapped:
+            packed = self.layout.pack(sample, index)
+            if self.bucket_by is not None:
+                packed.length = self._length(sample, self.inputs(sample, index))
+            return packed
+        inputs = self.inputs(sample, index)
+        result = self.run_map(sample, inputs)
+        packed = self.layout.pack_values(self.outputs(sample, result), index, sample.key)
+        if self.bucket_by is not None:
+            packed.length = self._length(sample, result)
+        return packed
+
+    def run_map(self, sample: RawSample, inputs: Dict[str, Any]) -> Any:
+        """The map's result for a sample's decoded fields (a ``ShardMapError`` if it raises)."""
+        try:
+            return self.mapper(inputs)
+        except ShardError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's map
+            raise failure(sample.url, sample.key, f"map ({self.mapper.name})", exc) from None
+
+    def outputs(
+        self, sample: RawSample, result: Any, specs: Optional[Sequence[OutputSpec]] = None, check_types: bool = True
+    ) -> Dict[str, Any]:
+        """The map's ``result``, each output (of ``specs``, by default the layout's) as it
+        travels; a ``ShardMapError`` naming the output that is missing or of another type than
+        the first sample's."""
+        if not isinstance(result, Mapping):
+            raise ShardMapError(
+                sample.url, f"map returned {type(result).__name__}, not a dict of outputs", key=sample.key,
+                hint="return a dict whose keys are the pipeline function's parameters",
+            )  # fmt: skip
+        values = {}
+        for spec in self.layout.outputs if specs is None else specs:
+            if spec.name in (KEY, INDEX, VALID):
+                continue
+            if spec.name not in result:
+                raise ShardMapError(
+                    sample.url, f"map returned no {spec.name!r} (it returned {sorted(map(str, result))})",
+                    key=sample.key, hint="return every output the pipeline function takes, for every sample",
+                )  # fmt: skip
+            if check_types:
+                values[spec.name] = self.check(sample, lambda spec=spec: conform(spec, result[spec.name]))
+        return values
+
+    @staticmethod
+    def check(sample: RawSample, convert: Callable[[], Any]) -> Any:
+        """``convert()``, an ``OutputTypeError`` turned into a ``ShardMapError`` naming the sample."""
+        try:
+            return convert()
+        except OutputTypeError as exc:
+            raise ShardMapError(
+                sample.url, str(exc), key=sample.key, hint="return ints, bytes or NumPy arrays of numbers"
+            ) from None
+
+    def _length(self, sample: RawSample, values: Any) -> int:
+        try:
+            return int(self.bucket_by(values))
+        except Exception as exc:  # noqa: BLE001 - the user's bucket_by
+            raise failure(sample.url, sample.key, f"bucket_by ({self.bucket_by.name})", exc) from None

@@ -91,4 +91,5 @@ def from_worker(exc: BaseException) -> Optional[ShardError]:
         return None
     url = ast.literal_eval(body.group(1))
     key = ast.literal_eval(body.group(2)) if body.group(2) else None
-    return _CLASSES.get(match.group(1), ShardError)(url, body.group(3), key=key, hint=body.group(4) or "")
+    hint = (body.group(4) or "").split("\n", 1)[0]  # a hint is one line; DALI may repeat the message after it
+    return _CLASSES.get(match.group(1), ShardError)(url, body.group(3), key=key, hint=hint)

@@ -3,6 +3,7 @@ merge of their slices, the user's graph function, the pipeline and its supervisi
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from dali_shards.worker.resampled import StreamingWorkerSource
 from dali_shards.world import check_start_method, default_device_id
 
 _TAG_PIPELINE_SEED = 0x4155_4720
+DEFAULT_NUM_THREADS = max(1, min(4, os.cpu_count() or 1))  # DALI's CPU threads when num_threads is not given
 
 
 def pipeline_seed(seed: int, rank: int, epoch: int = 0, step: int = 0) -> int:
@@ -66,6 +68,8 @@ def build_sharded_pipeline(
     }
     if "device_id" not in pipeline_kwargs:
         kwargs["device_id"] = default_device_id()
+    if pipeline_kwargs.get("num_threads") is None:  # DALI has no default: it would fail when built
+        kwargs["num_threads"] = DEFAULT_NUM_THREADS
     kwargs.update(pipeline_kwargs)
     pipe = define_pipeline(graph, kwargs)
     supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C

@@ -14,6 +14,8 @@ need nothing from DALI remain. Imports no DALI.
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import multiprocessing.connection
 import os
@@ -213,6 +215,17 @@ def install_sigterm_handler() -> bool:
 
 
 def supervise(pipeline: Any, control: ControlBlock) -> None:
-    """Remove the control block when the pipeline goes; handle SIGTERM like Ctrl-C in this process."""
+    """Remove the control block when the pipeline goes; handle SIGTERM like Ctrl-C in this process;
+    collect garbage before the workers start (see ``_start_collected``)."""
     weakref.finalize(pipeline, control.remove)
     install_sigterm_handler()
+    pipeline.start_py_workers = functools.partial(_start_collected, weakref.ref(pipeline))
+
+
+def _start_collected(ref: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Pipeline.start_py_workers``, after a garbage collection: a pipeline dropped earlier but not
+    yet collected would otherwise be collected in a forked worker, right after the fork, where
+    DALI's shutdown of it never returns and the new pipeline's start hangs."""
+    gc.collect()
+    pipeline = ref()
+    return type(pipeline).start_py_workers(pipeline, *args, **kwargs)

@@ -104,16 +104,19 @@ class EpochBatches:
         order ``plan.bucket`` gives their lengths, the padding after them; the first ``skip``
         slots left out (a resumed epoch goes on inside a window)."""
         cfg = self.source.config
+        pad = None  # padding copies the last sample emitted
         for w, start in enumerate(range(0, len(emissions), span)):
             window = emissions[start : start + span]
             valid = [pos for pos, ok in window if ok]
-            items = [self._take(pos) for pos in valid]
-            self._last = (-1, None)
-            lengths = [item.length if isinstance(item, Packed) else -1 for item in items]
-            perm = window_order(lengths, cfg.spec.mini_batch, cfg.spec.seed, self.epoch, cfg.rank, first + w)
-            self._pending.update(zip(valid, items))
-            ordered = [(valid[i], True) for i in perm]
-            pad = ordered[-1][0] if ordered else None  # padding copies the last sample emitted
+            if valid:
+                items = [self._take(pos) for pos in valid]
+                self._last = (-1, None)
+                lengths = [item.length if isinstance(item, Packed) else -1 for item in items]
+                perm = window_order(lengths, cfg.spec.mini_batch, cfg.spec.seed, self.epoch, cfg.rank, first + w)
+                self._pending.update(zip(valid, items))
+                valid = [valid[i] for i in perm]
+                pad = valid[-1]
+            ordered = [(pos, True) for pos in valid]
             ordered += [(pos if pad is None else pad, False) for pos, ok in window if not ok]
             for entry in ordered:
                 if skip:

@@ -10,12 +10,15 @@ forked worker uses the callable it inherited; an unpickled copy loads it once pe
 
 from __future__ import annotations
 
+import os
 import traceback
 from typing import Any, Callable, Optional
 
 import dill
 
 from dali_shards.errors import ConfigError, ShardMapError
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class Portable:
@@ -55,8 +58,10 @@ class Portable:
 def failure(url: str, key: str, where: str, exc: BaseException, hint: str = "") -> ShardMapError:
     """The error for user code that raised ``exc`` on a sample: the original exception and its
     traceback in the message (it crosses process boundaries as text)."""
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    text = "".join(lines[1:] if lines and lines[0].startswith("Traceback") else lines).rstrip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    while len(frames) > 1 and os.path.abspath(frames[0].filename).startswith(_PACKAGE):
+        frames = traceback.StackSummary.from_list(frames[1:])  # ours: the user's frames start after
+    text = "".join(traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)).rstrip()
     return ShardMapError(
         url,
         f"{where} raised {type(exc).__name__}: {exc}\nOriginal traceback (most recent call last):\n{text}",

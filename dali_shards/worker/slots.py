@@ -1,0 +1,105 @@
+"""The pieces of a batch slot: field specs and header slots, and a packed sample (see ``layout``).
+Imports no DALI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dali_shards.errors import ConfigError
+from dali_shards.worker.decoders import INT_EXTENSIONS
+from dali_shards.worker.outputs import OutputSpec
+
+KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
+SPECIAL_FIELDS = (KEY, INDEX, VALID)
+INDEX_SLOT, VALID_SLOT = 0, 1
+STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
+EMPTY = np.empty((0,), dtype=np.uint8)
+
+
+def table_slot(worker: int, py_num_workers: int, mini_batch: int) -> int:
+    """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
+    return (worker + 1) % py_num_workers * mini_batch
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field that travels: its name, kind (payload, bytes, int, array, key, index, valid), the
+    extensions that may provide it (first present wins, as in ``"jpg;png"``; none for a ``map``'s
+    outputs), its first header slot, and for arrays (and an array payload) dtype and dimensions."""
+
+    name: str
+    kind: str
+    extensions: Tuple[str, ...]
+    slot: int
+    dtype: Optional[str] = None
+    ndim: Optional[int] = None
+
+    @property
+    def slots(self) -> int:
+        """Header slots it takes."""
+        if self.kind in ("index", "valid"):
+            return 0
+        if self.kind == "payload":
+            return (self.ndim or 0) if self.dtype is not None else 0
+        return {"int": 1, "array": 2 + (self.ndim or 0)}.get(self.kind, 2)
+
+
+class Packed:
+    """A sample ready for batching: its header row, its payload (table layout) and the bytes of
+    its other byte fields, or (packed layout) the single array with all of them; and its length
+    for bucketing."""
+
+    __slots__ = ("header", "payload", "parts", "blob", "length")
+
+    def __init__(self, header, payload=None, parts=(), blob=None, length: int = 0):
+        self.header = header
+        self.payload = payload
+        self.parts = parts
+        self.blob = blob
+        self.length = length  # what bucket_by said (0 without it)
+
+    def as_padding(self) -> "Packed":
+        """The same sample marked padding (the header is copied, the data shared)."""
+        return self._marked(STATUS_PADDING, None)
+
+    def as_skipped(self, index: int) -> "Packed":
+        """This (real) sample standing in for skipped sample ``index``."""
+        return self._marked(STATUS_SKIPPED, index)
+
+    def _marked(self, status: int, index) -> "Packed":
+        if self.blob is not None:
+            blob = self.blob.copy()
+            header = blob[: self.header.nbytes].view(np.int64)
+        else:
+            blob, header = None, self.header.copy()
+        header[VALID_SLOT] = status
+        if index is not None:
+            header[INDEX_SLOT] = index
+        return Packed(header, self.payload, self.parts, blob, self.length)
+
+
+def input_spec(name: Any, fields: Sequence[Any]) -> Tuple[str, str, Tuple[str, ...]]:
+    """(name, kind, extensions) of a requested field."""
+    if not isinstance(name, str) or not name.strip(" ;."):
+        raise ConfigError(f"invalid field name {name!r} in fields={tuple(fields)!r}")
+    if name in SPECIAL_FIELDS:
+        return name, {KEY: "key", INDEX: "index", VALID: "valid"}[name], ()
+    exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
+    if all(e in INT_EXTENSIONS for e in exts):
+        return name, "int", exts
+    return name, ("array" if all(e == "npy" for e in exts) else "bytes"), exts
+
+
+def output_kind(spec: OutputSpec) -> Tuple[str, str, Tuple[str, ...]]:
+    """(name, kind, no extensions) of a ``map`` output."""
+    if spec.name in SPECIAL_FIELDS:
+        return spec.name, {KEY: "key", INDEX: "index", VALID: "valid"}[spec.name], ()
+    return spec.name, spec.kind, ()
+
+
+def array_type(outputs: Sequence[OutputSpec], name: str) -> Tuple[str, int]:
+    spec = next(o for o in outputs if o.name == name)
+    return spec.dtype, spec.ndim

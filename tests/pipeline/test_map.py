@@ -1,0 +1,204 @@
+"""map= in real DALI pipelines: user Python per sample in the workers (lambdas, closures, bound
+methods, under fork and spawn), its outputs through the slots, its errors under both on_error
+modes, .npy fields, and a detection-style pipeline on the built-in photos."""
+
+import io
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from nvidia.dali import fn, types
+
+from dali_shards import ConfigError, ShardMapError, sharded_pipeline
+from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.sample_data import sample_images, write_sample_shards
+from dali_shards.testing.pipelines import run_epochs
+from dali_shards.tools.writer import write_shard
+
+SIZES = (5, 0, 7, 3)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_sample_shards(str(tmp_path_factory.mktemp("map")), shard_sizes=SIZES)
+
+
+class Scaler:
+    """An object with state whose bound method is the map."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __call__(self, s):
+        return self.apply(s)
+
+    def apply(self, s):
+        return {"jpg": s["jpg"], "label": s["cls"], "vec": np.arange(3, dtype=np.float32) * s["cls"] * self.factor,
+                "grid": np.full((s["cls"] % 3, 2), s["__key__"], dtype="U8").astype(np.int16), "key": s["__key__"].encode()}  # fmt: skip
+
+
+def closure(factor):
+    def apply(s):
+        return Scaler(factor).apply(s)
+
+    return apply
+
+
+MAPS = {
+    "lambda": lambda s: Scaler(2.0).apply(s),
+    "closure": closure(2.0),
+    "bound method": Scaler(2.0).apply,
+}
+
+
+def check(out):
+    labels = []
+    for jpg, label, vec, grid, key, valid in out:
+        for i in range(len(label)):
+            assert vec[i].dtype == np.float32 and np.allclose(vec[i], np.arange(3) * int(label[i]) * 2.0)
+            assert grid[i].shape == (int(label[i]) % 3, 2) and grid[i].dtype == np.int16
+            assert (grid[i] == int(bytes(key[i]))).all() and jpg[i][:2].tobytes() == b"\xff\xd8"
+            if valid[i]:
+                labels.append(int(bytes(key[i])))
+    return labels
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+@pytest.mark.parametrize("kind", list(MAPS))
+def test_user_maps_run_in_the_workers(shards, kind, start):
+    for workers in (1, 2) if start == "fork" else (2,):
+
+        @sharded_pipeline(shards, fields=("jpg", "cls"), map=MAPS[kind], batch_size=2 * workers, py_num_workers=workers,
+                          shuffle=True, num_threads=1, device_id=None, py_start_method=start)  # fmt: skip
+        def pipe(jpg, label, vec, grid, key, __valid__):
+            return jpg, label, vec, grid, key, __valid__
+
+        keys = check(run_epochs(pipe(), 1)[0])
+        assert sorted(keys) == list(range(sum(SIZES))), "every sample once, its outputs its own"
+
+
+def test_a_map_that_cannot_be_pickled_is_refused_when_the_pipeline_is_built(shards):
+    ids = (i for i in range(10))
+    with pytest.raises(ConfigError, match="map=.*cannot be pickled"):
+
+        @sharded_pipeline(shards, fields=("cls",), map=lambda s: {"n": next(ids)}, batch_size=2, py_num_workers=1,
+                          device_id=None)  # fmt: skip
+        def pipe(n):
+            return n
+
+        pipe()
+
+
+def flaky(s):
+    if s["__key__"] in ("000006", "000013"):
+        raise KeyError("no such box")
+    return {"label": s["cls"]}
+
+
+def make(shards, **kw):
+    @sharded_pipeline(shards, fields=("cls", "__index__"), map=flaky, batch_size=4, py_num_workers=2, num_threads=1,
+                      device_id=None, **kw)  # fmt: skip
+    def pipe(label):
+        return label
+
+    return pipe
+
+
+def test_user_errors_stop_the_epoch_with_the_original_traceback(shards):
+    with pytest.raises(ShardMapError, match=r"sample '0000(06|13)'.*map \(flaky\) raised KeyError") as err:
+        for _ in DALIShardedIterator(make(shards)(), ["label"]):
+            pass
+    assert "in flaky" in str(err.value) and "raise KeyError" in str(err.value), "the user's traceback"
+    assert "sample-00000" in err.value.url and "stage.py" not in str(err.value)
+
+
+def test_user_errors_are_skipped_and_counted_keeping_exactly_once(shards):
+    it = DALIShardedIterator(make(shards, on_error="skip")(), ["label"], audit=True)
+    for _ in range(2):
+        labels = [int(x) for (b,) in it for x in b["label"]]
+        assert len(labels) == sum(SIZES) - 2
+        audit = it.audits[-1]
+        assert sorted(audit["skipped"]) == [6, 13] and not audit["duplicates"] and audit["exactly_once"], audit
+
+
+def test_an_output_that_changes_type_or_cannot_go_to_dali_is_named(shards):
+    def drifting(s):
+        return {"x": np.zeros(3, np.float32 if s["__key__"] < "000010" else np.float64)}
+
+    @sharded_pipeline(shards, fields=("cls",), map=drifting, batch_size=4, py_num_workers=2, device_id=None)
+    def pipe(x):
+        return x
+
+    with pytest.raises(ShardMapError, match="output 'x' is a float64 array.*float32 array .* in the first sample"):
+        for _ in DALIShardedIterator(pipe(), ["x"]):
+            pass
+
+    @sharded_pipeline(shards, fields=("cls",), map=lambda s: {"x": "text"}, batch_size=4, py_num_workers=2, device_id=None)
+    def strings(x):
+        return x
+
+    with pytest.raises(ShardMapError, match="output 'x' is a str"):
+        strings()  # the first sample is run when the pipeline is built
+
+
+def test_npy_fields_travel_as_arrays_without_a_map(tmp_path):
+    def npy(a):
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return buf.getvalue()
+
+    samples = [{"__key__": f"{i:03d}", "npy": npy(np.full((i % 4, 3), i, np.float32)), "cls": i} for i in range(10)]
+    write_shard(str(tmp_path / "a.tar"), samples)
+    for workers in (1, 2):
+
+        @sharded_pipeline(str(tmp_path / "a.tar"), fields=("npy", "cls"), batch_size=2 * workers, py_num_workers=workers,
+                          device_id=None)  # fmt: skip
+        def pipe(arr, cls):
+            return arr, cls
+
+        seen = Counter()
+        for arr, cls in run_epochs(pipe(), 1)[0]:
+            for a, c in zip(arr, cls):
+                assert a.dtype == np.float32 and a.shape == (int(c) % 4, 3) and (a == int(c)).all()
+                seen[int(c)] += 1
+        assert sorted(seen) == list(range(10))
+
+
+def boxes_to_arrays(s):
+    objects = s["json"]["objects"]
+    return {"jpg": s["jpg"], "boxes": np.array([o["box"] for o in objects], np.float32).reshape(-1, 4),
+            "labels": np.array([o["label"] for o in objects], np.int64)}  # fmt: skip
+
+
+def test_detection_boxes_and_labels_from_json_crop_and_flip_with_the_image(tmp_path):
+    rng = np.random.default_rng(0)
+    samples, want = [], {}
+    for i, image in enumerate(sample_images()[:12]):
+        n = i % 4  # 0 to 3 boxes, ltrb in relative coordinates
+        lt = rng.uniform(0, 0.5, (n, 2))
+        boxes = np.concatenate([lt, lt + rng.uniform(0.1, 0.5, (n, 2))], axis=1).clip(0, 1).round(3)
+        doc = {"objects": [{"box": b.tolist(), "label": int(i * 10 + k)} for k, b in enumerate(boxes)]}
+        samples.append({"__key__": f"{i:04d}", "jpg": open(image.path, "rb").read(), "json": json.dumps(doc)})
+        want[i] = (boxes, [o["label"] for o in doc["objects"]])
+    write_shard(str(tmp_path / "det.tar"), samples)
+
+    @sharded_pipeline(str(tmp_path / "det.tar"), fields=("jpg", "json", "__index__"), map=boxes_to_arrays,
+                      batch_size=4, py_num_workers=2, num_threads=1, device_id=None)  # fmt: skip
+    def det(jpg, boxes, labels, __index__):
+        anchor, shape, crop_boxes, crop_labels = fn.random_bbox_crop(
+            boxes, fn.cast(labels, dtype=types.INT32), device="cpu", aspect_ratio=[0.5, 2.0], thresholds=[0.0], scaling=[0.3, 1.0],
+            bbox_layout="xyXY", allow_no_crop=True,
+        )  # fmt: skip
+        images = fn.decoders.image_slice(jpg, anchor, shape, output_type=types.RGB)
+        flip = fn.random.coin_flip(probability=0.5)
+        return images, fn.bb_flip(crop_boxes, ltrb=True, horizontal=flip), crop_labels, boxes, labels, __index__
+
+    for images, out_boxes, out_labels, boxes, labels, index in run_epochs(det(), 1)[0]:
+        for k in range(len(index)):
+            i = int(index[k])
+            assert boxes[k].shape == (len(want[i][1]), 4) and np.allclose(boxes[k], want[i][0], atol=1e-6)
+            assert labels[k].tolist() == want[i][1], "labels travel with their image"
+            assert images[k].ndim == 3 and images[k].shape[2] == 3
+            assert out_boxes[k].shape[1:] == (4,) and set(out_labels[k].reshape(-1).tolist()) <= set(want[i][1])
+            assert ((out_boxes[k] >= -1e-6) & (out_boxes[k] <= 1 + 1e-6)).all()

@@ -1,9 +1,10 @@
 """Benchmark shards made from the built-in photos.
 
 Each sample is a random crop of one of the 47 built-in photos, resized and re-encoded as JPEG, with
-its class (``.cls``, text) and its id (``.id``: the sample's number as 8 little-endian int64 bytes,
-which every loader can return as a tensor, for the exactly-once audits). Output is deterministic and
-cached by its parameters.
+its class (``.cls``, text), its id (``.id``: the sample's number as 8 little-endian int64 bytes,
+which every loader can return as a tensor, for the exactly-once audits) and a few made-up object
+boxes (``.json``: ``{"objects": [{"box": [x0, y0, x1, y1], "label": n}, ...]}``, for the ``map``
+benchmark). Output is deterministic and cached by its parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from dali_shards.sample_data import sample_images
 from dali_shards.tools.writer import TarShardFile
 
-VERSION = 2
+VERSION = 3
 
 
 def _encoded_photos(count: int, size: int, quality: int, seed: int):
@@ -44,6 +45,17 @@ def _encoded_photos(count: int, size: int, quality: int, seed: int):
         yield buf.getvalue(), images[k].label
 
 
+def _boxes(index: int, label: int) -> str:
+    """0 to 3 made-up object boxes (relative ltrb) of the sample's class, as JSON."""
+    rng = random.Random(index)
+    boxes = []
+    for _ in range(index % 4):
+        x0, y0 = rng.uniform(0, 0.6), rng.uniform(0, 0.6)
+        boxes.append({"box": [round(x0, 4), round(y0, 4), round(x0 + rng.uniform(0.1, 0.4), 4),
+                              round(y0 + rng.uniform(0.1, 0.4), 4)], "label": int(label)})  # fmt: skip
+    return json.dumps({"objects": boxes})
+
+
 def build_shards(
     out_dir: str, shard_sizes: Sequence[int], size: int = 500, quality: int = 95, seed: int = 0, prefix: str = "bench"
 ) -> List[str]:
@@ -64,7 +76,8 @@ def build_shards(
         with TarShardFile(path) as shard:
             for _ in range(count):
                 jpg, label = next(photos)
-                shard.add({"__key__": f"{index:08d}", "jpg": jpg, "cls": label, "id": np.int64(index).tobytes()})
+                shard.add({"__key__": f"{index:08d}", "jpg": jpg, "cls": label, "id": np.int64(index).tobytes(),
+                           "json": _boxes(index, label)})  # fmt: skip
                 index += 1
         paths.append(path)
     with open(stamp_path, "w") as f:

@@ -130,6 +130,51 @@ class DaliShardsLoader:
             yield np.asarray(ids.as_tensor()).reshape(-1)[np.asarray(valid.as_tensor()).reshape(-1)]
 
 
+def identity_map(sample):
+    """The map benchmark's identity map: the fields the bytes-only pipeline delivers, as they are."""
+    return {"jpg": sample["jpg"], "ids": sample["id"]}
+
+
+def json_map(sample):
+    """The map benchmark's JSON map: the sample's objects as float32 (n, 4) boxes and int64 labels."""
+    objects = sample["json"]["objects"]
+    return {"jpg": sample["jpg"], "ids": sample["id"],
+            "boxes": np.array([o["box"] for o in objects], dtype=np.float32).reshape(-1, 4),
+            "labels": np.array([o["label"] for o in objects], dtype=np.int64)}  # fmt: skip
+
+
+class DaliShardsMapLoader(DaliShardsLoader):
+    """dali_shards with a ``map`` (bytes mode only): ``options["map"]`` is ``"identity"`` (the same
+    outputs as without a map) or ``"json"`` (also parses ``.json`` into box and label arrays)."""
+
+    def __init__(self, cfg: Config):
+        from nvidia.dali import fn, types
+
+        from dali_shards import sharded_pipeline
+
+        if cfg.mode != "bytes":
+            raise NotImplementedError("the map benchmark measures bytes only")
+        options = dict(cfg.options)
+        kind = options.pop("map")
+        common = dict(batch_size=cfg.batch_size, py_num_workers=cfg.workers, shuffle=True, seed=cfg.seed,
+                      world_size=cfg.world_size, rank=cfg.rank, num_threads=cfg.threads, device_id=cfg.device_id, **options)  # fmt: skip
+        if kind == "identity":
+
+            @sharded_pipeline(cfg.shards, fields=("jpg", "id"), map=identity_map, **common)
+            def pipe(jpg, ids, __valid__):
+                return jpg, fn.reinterpret(ids, dtype=types.INT64), __valid__
+
+        else:
+
+            @sharded_pipeline(cfg.shards, fields=("jpg", "id", "json"), map=json_map, **common)
+            def pipe(jpg, ids, boxes, labels, __valid__):
+                return jpg, fn.reinterpret(ids, dtype=types.INT64), __valid__
+
+        self.cfg, self.it = cfg, None
+        self.pipe = pipe()
+        self.pipe.build()
+
+
 class NativeLoader:
     """DALI's ``fn.readers.webdataset``, sharded by rank, last batch padded and trimmed by the
     iterator (``reader_name`` + ``LastBatchPolicy.PARTIAL``), as DALI recommends for training.
@@ -326,6 +371,7 @@ class ProxyLoader:
 
 _CLASSES = {
     "dali_shards": DaliShardsLoader,
+    "dali_shards_map": DaliShardsMapLoader,
     "native_webdataset": NativeLoader,
     "plain_4892": PlainLoader,
     "webdataset_dataloader": WebdatasetLoader,

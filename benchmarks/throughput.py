@@ -4,7 +4,8 @@ All three read the same shards with the same batch size, workers and threads, in
 modes: bytes only (the encoded JPEG reaches Python, no decoding) and CPU decode + resize to 224x224.
 Loaders are measured in interleaved rounds (A B C A B C ...), each in a process of its own, so that
 machine noise hits all of them alike; each figure is the median over rounds. Prints a table and
-writes JSON. (``compare.py`` adds webdataset + DataLoader, DALI Proxy, memory and an audit.)
+writes JSON. (``compare.py`` adds webdataset + DataLoader, DALI Proxy, memory and an audit;
+``--map-cost`` adds what ``map=`` costs, see ``map_cost.py``.)
 
     python benchmarks/throughput.py --samples 8192 --batch-size 256 --workers 2
 """
@@ -39,6 +40,7 @@ def main(argv=None):
     ap.add_argument("--device-id", type=int, default=None, help="GPU id for mixed decode (default: CPU only)")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
+    ap.add_argument("--map-cost", action="store_true", help="also measure map= (identity and JSON -> arrays)")
     ap.add_argument(
         "--image-check-cost",
         action="store_true",
@@ -52,7 +54,7 @@ def main(argv=None):
     shards = build_bench_shards(bench_dir(args.data_dir, args.samples, 512), num_samples=args.samples)
     mean_kb = sum(os.path.getsize(p) for p in shards) / args.samples / 1024
     results = {}
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m]:  # --modes '' measures only what --map-cost adds
         print(f"measuring {mode} ...", flush=True)
         names = LOADERS + ((CHECK_OFF,) if args.image_check_cost else ())
         runs = {name: [] for name in names}
@@ -98,7 +100,7 @@ def main(argv=None):
 
     def ratio(mode, other):
         r = results.get(mode, {})
-        return r["dali_shards"]["samples_per_s"] / r[other]["samples_per_s"] if r else None
+        return r["dali_shards"]["samples_per_s"] / r[other]["samples_per_s"] if r and other in r else None
 
     ratios = {
         "decode_vs_native": ratio("decode", "native_webdataset"),
@@ -108,6 +110,11 @@ def main(argv=None):
     }
     if args.image_check_cost:
         ratios.update({f"{mode}_image_check_vs_off": ratio(mode, CHECK_OFF) for mode in results})
+    if args.map_cost:
+        from map_cost import measure_map_cost
+
+        map_report = measure_map_cost(os.path.abspath(__file__), args)
+        ratios.update({f"identity_map_cost_{w}_workers": c for w, c in map_report["identity_map_cost"].items()})
     report = {
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
@@ -115,6 +122,8 @@ def main(argv=None):
         "results": results,
         "ratios": ratios,
     }
+    if args.map_cost:
+        report["map"] = map_report
     print()
     print(
         f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch {args.batch_size}, "

@@ -25,10 +25,11 @@ _FAILED = re.compile(r"Failed to decode sample #(\d+)")
 
 def decode_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Optional[ShardFormatError]:
     """A ShardFormatError naming the sample DALI's decoder failed on, or None if ``exc`` is not
-    such a failure (or the sample cannot be told: the streaming mode, a step off the plan)."""
+    such a failure (or the sample cannot be told: the streaming mode, bucketing, which reorders
+    samples within windows by their lengths, a step off the plan)."""
     text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
     match = _FAILED.search(text)
-    if match is None or info.streaming is not None:
+    if match is None or info.streaming is not None or info.spec.bucket_window:
         return None
     slot = int(match.group(1))
     plan = info.plan(epoch)

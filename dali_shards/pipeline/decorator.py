@@ -96,6 +96,22 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             while the iterator waits for it; it is then killed and the iterator raises a
             ``WorkerError`` naming it and its shard. None turns the check off. Keep it above
             ``(retries + 1) * request_timeout``, so that remote retries run their course.
+        map: a callable run in the worker processes on every sample: it receives a dict from each
+            requested field to its decoded value (see ``decoders``), with ``"__key__"``, and returns
+            a dict whose keys are the decorated function's parameters (those without defaults):
+            ints, bytes or NumPy arrays (their dtype and number of dimensions fixed by the first
+            sample, which is run when the pipeline is built). Lambdas, closures and bound methods
+            work under ``fork`` and ``spawn`` (pickled with dill); one that cannot be pickled is a
+            ``ConfigError`` here. An exception in it is a ``ShardMapError`` naming the shard and
+            the sample, with its traceback (``on_error`` applies).
+        decoders: ``{field: callable(bytes) -> value or "bytes"}``: replaces the built-in decoder
+            of a field (``.cls``/``.index``/``.label`` -> int, ``.json`` -> parsed, ``.npy`` ->
+            array, ``.txt`` -> str with a ``map``; bytes otherwise; see ``worker/decoders.py``).
+        bucket_by: a callable giving a sample's length (from the ``map``'s outputs, or from the
+            decoded fields without one): each worker groups the samples of every
+            ``bucket_window`` (per worker, whole steps) into batches of similar length, in a batch
+            order its rank's workers share; every sample still once, equal steps, resumable.
+        bucket_window: samples per worker bucketed at once (rounded down to whole steps).
         image_check: how much of each image member the workers check before it enters a batch:
             ``"structure"`` (JPEG segments and end marker, PNG chunks and CRCs), ``"signature"``
             (first bytes) or ``"off"``. A failed check is a per-sample ``ShardFormatError``

@@ -14,8 +14,12 @@ window per worker.
 
 from __future__ import annotations
 
+import itertools
+from typing import Any, Callable, Optional
+
 import numpy as np
 
+from dali_shards.errors import ConfigError
 from dali_shards.plan.random import TAG_BUCKET, permutation
 
 
@@ -33,3 +37,21 @@ def window_order(lengths: np.ndarray, mini_batch: int, seed: int, epoch: int, ra
     chunks = by_length[: whole * mini_batch].reshape(whole, mini_batch)
     order = chunks[permutation(whole, TAG_BUCKET, seed, epoch, rank, window)].ravel()
     return np.concatenate([order, by_length[whole * mini_batch :]]).astype(np.int64)
+
+
+def delivered(plan: Any, v: int, valid: int, span: int, lengths: Optional[Callable[[Any, np.ndarray], np.ndarray]]) -> np.ndarray:
+    """What worker ``v`` of ``plan`` delivered in its first ``valid`` slots, stopped inside a window
+    of ``span`` samples: the windows before, and the first mini-batches of that window's order,
+    which ``lengths(plan, positions)`` (the samples' lengths) decides; a ConfigError without it."""
+    if lengths is None:
+        raise ConfigError(
+            "the state was saved in the middle of a bucketing window (bucket_by): resuming it under another "
+            "layout needs the lengths of that window's samples; resume under the same layout"
+        )
+    count = plan.worker_valid_count(v)
+    order = np.fromiter(itertools.islice(plan._valid_order(v), count), dtype=np.int64, count=count)
+    start = valid // span * span
+    window = order[start : start + span]
+    spec = plan.spec
+    perm = window_order(lengths(plan, window), spec.mini_batch, spec.seed, plan.epoch, v // spec.py_num_workers, start // span)
+    return np.concatenate([order[:start], window[perm][: valid - start]])

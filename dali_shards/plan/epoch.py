@@ -316,24 +316,10 @@ class EpochPlan(interleave.Interleaving):
             valid = min(count, steps * m)
             span = bucket.window_steps(self.spec.bucket_window, m) * m
             if span and valid % span and valid < count:
-                out.extend(self._bucketed_prefix(v, valid, count, span, lengths))
+                out.extend(bucket.delivered(self, v, valid, span, lengths))
             else:
                 out.extend(itertools.islice(self._valid_order(v), valid))
         return np.sort(np.asarray(out, dtype=np.int64))
-
-    def _bucketed_prefix(self, v: int, valid: int, count: int, span: int, lengths: Optional[Lengths]) -> np.ndarray:
-        """What worker ``v`` delivered in its first ``valid`` slots, stopped inside a window."""
-        if lengths is None:
-            raise ConfigError(
-                "the state was saved in the middle of a bucketing window (bucket_by): resuming it under another "
-                "layout needs the lengths of that window's samples; resume under the same layout"
-            )
-        order = np.fromiter(itertools.islice(self._valid_order(v), count), dtype=np.int64, count=count)
-        start = valid // span * span
-        window = order[start : start + span]
-        rank = v // self.spec.py_num_workers
-        perm = bucket.window_order(lengths(self, window), self.spec.mini_batch, self.spec.seed, self.epoch, rank, start // span)
-        return np.concatenate([order[:start], window[perm][: valid - start]])
 
     def remaining(self, steps: int, lengths: Optional[Lengths] = None) -> np.ndarray:
         """Sorted sequence positions of the plan's samples not delivered in its first ``steps``

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+import numpy as np
+
 from dali_shards.errors import ShardError, ShardFormatError, ShardMapError
 from dali_shards.io.tarformat import RawSample
 from dali_shards.worker.decoders import builtin_decoder
@@ -51,8 +53,11 @@ class SampleStage:
                 out[name] = {"key": sample.key, "index": index, "valid": True}[kind]
                 continue
             data = self.layout.member(sample, name, exts)
-            ext = next(e for e in exts if sample.data.get(e) is not None)
-            out[name] = self._decode(sample, name, ext, data)
+            ext = exts[0] if len(exts) == 1 else next(e for e in exts if sample.data.get(e) is not None)
+            if type(data) is bytes and name not in self.decoders and builtin_decoder(ext, self.mapper is not None) is None:
+                out[name] = data  # bytes stay bytes: the common case, kept cheap
+            else:
+                out[name] = self._decode(sample, name, ext, data)
         return out
 
     def _decode(self, sample: RawSample, name: str, ext: str, data: Any) -> Any:
@@ -121,7 +126,14 @@ class SampleStage:
                     sample.url, f"map returned no {spec.name!r} (it returned {sorted(map(str, result))})",
                     key=sample.key, hint="return every output the pipeline function takes, for every sample",
                 )  # fmt: skip
-            if check_types:
+            if not check_types:
+                continue
+            value = result[spec.name]
+            if spec.kind == "bytes" and type(value) is bytes:  # the common cases, without the general checks
+                values[spec.name] = np.frombuffer(value, dtype=np.uint8)
+            elif spec.kind == "int" and type(value) is int and -(1 << 63) <= value < (1 << 63):
+                values[spec.name] = value
+            else:
                 values[spec.name] = self.check(sample, lambda spec=spec: conform(spec, result[spec.name]))
         return values
 

@@ -63,6 +63,20 @@ def test_training_example_on_the_builtin_data_and_resume(tmp_path):
     assert json.loads((ck / "loader.json").read_text())["epoch"] == 3
 
 
+def test_text_example_tokenizes_in_the_workers_and_bucketing_cuts_padding(tmp_path):
+    """The language-model example: stdlib docstrings as shards, a tokenizer's bound method as the
+    map, bucketed batches padded by DALI; one short epoch."""
+    out = run([sys.executable, "examples/text_lm_train.py", "--epochs", "2", "--steps-per-epoch", "15", "--modules",
+               "60", "--out-dir", str(tmp_path)], 300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    epochs = _log(tmp_path / "train_log.jsonl")
+    assert [e["epoch"] for e in epochs] == [0, 1] and all(e["steps"] == 15 for e in epochs)
+    for e in epochs:
+        assert e["loss"] == e["loss"] and e["tokens_per_s"] > 0 and 0 <= e["data_wait_fraction"] <= 1
+        assert e["padding_reduction"] >= 3, e  # batch 32: bucketing pads at least 3x less
+    assert "tokens/s" in out.stdout and "bucketed vs" in out.stdout
+
+
 def test_training_example_on_imagenet_style_jpeg_files(tmp_path):
     """An ImageNet-like tree (class folders of *.JPEG files) written by `dali-shards write` trains."""
     import shutil

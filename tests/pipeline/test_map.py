@@ -202,3 +202,13 @@ def test_detection_boxes_and_labels_from_json_crop_and_flip_with_the_image(tmp_p
             assert images[k].ndim == 3 and images[k].shape[2] == 3
             assert out_boxes[k].shape[1:] == (4,) and set(out_labels[k].reshape(-1).tolist()) <= set(want[i][1])
             assert ((out_boxes[k] >= -1e-6) & (out_boxes[k] <= 1 + 1e-6)).all()
+
+
+def test_the_streaming_mode_maps_too(shards):
+    @sharded_pipeline(shards, fields=("cls",), map=lambda s: {"v": np.full(2, s["cls"], np.int32)}, batch_size=4,
+                      py_num_workers=2, samples_per_epoch=16, num_threads=1, device_id=None)  # fmt: skip
+    def pipe(v):
+        return v
+
+    steps = run_epochs(pipe(), 1)[0]
+    assert len(steps) == 4 and all(a.dtype == np.int32 and a.shape == (2,) and a[0] == a[1] for (v,) in steps for a in v)

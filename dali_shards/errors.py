@@ -75,17 +75,19 @@ _CLASSES = {
 }
 
 
-def from_worker(exc: BaseException) -> Optional[ShardError]:
+def from_worker(exc: BaseException) -> Optional[DaliShardsError]:
     """The dali_shards error a worker raised, rebuilt from the exception DALI re-raises in the
     main process (DALI sends only the text), or None if it is not one of ours."""
     text = ""
     for e in (exc, exc.__cause__, exc.__context__):
         if e is not None:
             text += "\n" + str(e)
-    match = re.search(r"dali_shards\.errors\.(Shard\w*Error): ", text)
+    match = re.search(r"dali_shards\.errors\.(Shard\w*Error|ConfigError): ", text)
     if match is None:
         return None
     message = text[match.end() :].strip().splitlines()
+    if match.group(1) == "ConfigError":  # a user callable that cannot be loaded in a worker
+        return ConfigError(message[0]) if message else None
     body = _SHARD_MESSAGE.match("\n".join(message))
     if body is None:
         return None

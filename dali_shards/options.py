@@ -240,6 +240,11 @@ class ShardedOptions:
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"{name} must be a callable or None, got {getattr(self, name)!r}")
         check_decoders(self.decoders, self.fields)
+        if self.decoders and self.map is None:
+            raise ConfigError(
+                "decoders= says how fields are decoded for map=, and there is no map: without one, fields reach the "
+                "pipeline as bytes (integers for .cls/.index/.label, arrays for .npy); pass a map, or drop decoders"
+            )
         object.__setattr__(self, "bucket_window", _int("bucket_window", self.bucket_window, 1))
         if self.bucket_by is not None and self.streaming:
             raise ConfigError("bucket_by needs planned epochs: it cannot be used with samples_per_epoch")

@@ -225,10 +225,11 @@ class DALIShardedIterator(DALIGenericIterator):
     def _finish_audit(self) -> None:
         plan = self.info.plan(self.epoch)
         ranks = gather(self._record)
+        lengths = self.info.resolved.lengths
         if ranks is None:  # this rank alone: compare with its own share of the plan
-            ranks, expected = [self._record.as_tuple()], _rank_expected(plan, self.info.rank)
+            ranks, expected = [self._record.as_tuple()], expected_indices(plan, lengths, self.info.rank)
         else:
-            expected = expected_indices(plan)
+            expected = expected_indices(plan, lengths)
         report = summarize(self.epoch, ranks, expected)
         report["rank"] = self.info.rank if len(ranks) == 1 else None
         self.audits.append(report)
@@ -299,9 +300,3 @@ class DALIShardedIterator(DALIGenericIterator):
             return batch
         keep = torch.from_numpy(np.flatnonzero(mask))
         return {name: t[keep.to(t.device)] for name, t in batch.items()}
-
-
-def _rank_expected(plan, rank: int) -> np.ndarray:
-    index, valid = plan.rank_batches(rank)
-    rows = slice(plan.start_step, None)
-    return index[rows][valid[rows]]

@@ -208,9 +208,21 @@ class RangeFetcher:
         self.close()
 
 
-def request_size(window: int, pieces: int, chunk_size: int) -> int:
-    """Bytes per request when ``pieces`` pieces are read at once within ``window``: room for two
-    requests per piece (the one being read and the next), at least ``MIN_REQUEST`` and at most
-    ``chunk_size``."""
-    return max(MIN_REQUEST, min(chunk_size, window // max(1, 2 * pieces)))
+def request_size(window: int, pieces: int, chunk_size: int, piece_bytes: Sequence[int] = ()) -> int:
+    """Bytes per request when ``pieces`` pieces are read at once within ``window``: the largest size
+    (at least ``MIN_REQUEST``, at most ``chunk_size``) that leaves room for two requests per piece
+    (the one being read and the next) -- or for a whole piece, where a piece is smaller than two
+    requests. ``piece_bytes``: the bytes of each piece read (any order; unknown: all large)."""
+    largest = sorted((int(b) for b in piece_bytes), reverse=True)[:pieces]
+    largest += [chunk_size * 2] * (pieces - len(largest))
 
+    def held(r: int) -> int:
+        return sum(min(b, 2 * r) for b in largest)
+
+    lo, hi = MIN_REQUEST, max(MIN_REQUEST, chunk_size)
+    if held(lo) > window:
+        return lo
+    while lo < hi:  # held() grows with r: the largest r whose pieces fit
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if held(mid) <= window else (lo, mid - 1)
+    return lo

@@ -78,7 +78,8 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
         read_window: bytes of remote shards each worker holds ahead when it reads pieces of many
             shards at once (interleaving): requests of ``read_window / (2 k)`` bytes, ``k`` the
             shards it reads at once (about ``shuffle_block / py_num_workers``), at least 256 KiB
-            and at most 8 MiB, fetched in the order they are needed by 8 threads.
+            and at most 8 MiB -- a whole piece of a shard where the pieces fit in the window --
+            fetched in the order they are needed by 8 threads.
         cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
             least recently used beyond ``cache_limit`` bytes (None: no limit). Only whole-shard
             reads (contiguous runs, streaming) use it; interleaved reads fetch ranges.

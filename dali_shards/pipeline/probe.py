@@ -11,7 +11,7 @@ tried.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
@@ -21,6 +21,7 @@ from dali_shards.options import OnError, ShardedOptions
 from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
+from dali_shards.worker.usercode import KeptRngs
 
 PROBE_SAMPLES = 100  # samples tried with on_error="skip" before giving up
 
@@ -63,7 +64,8 @@ def probe(
         if tried >= PROBE_SAMPLES:
             break
         try:
-            return _specs(stage, sample, index, names)
+            with KeptRngs():  # the user's random streams in this process stay as they were
+                return _specs(stage, sample, index, names)
         except ShardError as exc:
             if OnError(options.on_error) is OnError.RAISE:
                 raise
@@ -114,15 +116,18 @@ class SampleLengths:
 
         shard, local = plan.locate(positions)
         found: Dict[Tuple[int, int], int] = {}
-        for s in sorted(set(shard.tolist())):
-            wanted = set(local[shard == s].tolist())
-            info = self.shards[s]
-            base = int(plan.canonical_starts[s])
-            with open_shard(info.url, self.options.storage, info.bytes) as stream:
-                reader = TarReader(stream, info.url).samples(self.stage.layout.extensions, select=wanted.__contains__)
-                for sample in reader:
-                    try:
-                        found[(s, sample.position)] = self.stage.pack(sample, base + sample.position).length
-                    except ShardError:
-                        found[(s, sample.position)] = -1
+        with KeptRngs():
+            for s in sorted(set(shard.tolist())):
+                self._read(plan, s, set(local[shard == s].tolist()), found)
         return np.array([found.get((s, l), -1) for s, l in zip(shard.tolist(), local.tolist())], dtype=np.int64)
+
+    def _read(self, plan: Any, s: int, wanted: Set[int], found: Dict[Tuple[int, int], int]) -> None:
+        info = self.shards[s]
+        base = int(plan.canonical_starts[s])
+        with open_shard(info.url, self.options.storage, info.bytes) as stream:
+            reader = TarReader(stream, info.url).samples(self.stage.layout.extensions, select=wanted.__contains__)
+            for sample in reader:
+                try:
+                    found[(s, sample.position)] = self.stage.pack(sample, base + sample.position, plan.epoch).length
+                except ShardError:
+                    found[(s, sample.position)] = -1

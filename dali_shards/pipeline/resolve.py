@@ -55,6 +55,7 @@ class Resolved:
     resume_prior: Tuple[Dict[str, Any], ...]
     workers: Tuple[WorkerConfig, ...]
     bytes_per_sample_hint: Optional[int]
+    lengths: Optional[SampleLengths] = None  # bucketing: samples' lengths, read in this process
 
     @property
     def steps_before(self) -> int:
@@ -86,8 +87,8 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     spec, streaming = _specs(options, shards, world_size)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
+    lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
     if options.resume_from is not None:
-        lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
         start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
     first_steps = None
     if streaming is not None and resume_plan is not None:
@@ -122,6 +123,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         resume_prior=tuple(resume_prior),
         workers=tuple(WorkerConfig(worker=w, **common) for w in range(options.py_num_workers)),
         bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers, sizes),
+        lengths=lengths,
     )
 
 
@@ -214,11 +216,11 @@ def choose_stage(
         specs = probe(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
         arrays = {s.name: (s.dtype, s.ndim) for s in specs}
         layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays)
-        return SampleStage(layout, None, decoders, bucket_by), {}
+        return SampleStage(layout, None, decoders, bucket_by, options.seed), {}
     if not outputs:
         raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")
     specs, sizes = probe(options, shards, SampleStage(reading, mapper, decoders), outputs)
-    return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by), sizes
+    return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by, options.seed), sizes
 
 
 def bytes_per_sample_hint(

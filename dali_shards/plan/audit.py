@@ -9,25 +9,30 @@ skipped samples and steps per rank. ``summarize`` does the same for lists gather
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from dali_shards.plan.epoch import EpochPlan
+from dali_shards.plan.epoch import EpochPlan, Lengths
 
 
-def expected_indices(plan: EpochPlan) -> np.ndarray:
-    """``__index__`` of every sample the plan delivers as valid over all ranks, from its start step."""
+def expected_indices(plan: EpochPlan, lengths: Optional[Lengths] = None, rank: Optional[int] = None) -> np.ndarray:
+    """``__index__`` of every sample the plan delivers as valid over all ranks (or ``rank``'s),
+    from its start step. ``lengths``: see ``EpochPlan.consumed`` (an epoch resumed inside a
+    bucketing window; without it, such an epoch is compared with the plan's order)."""
     spec = plan.spec
-    skip = plan.start_step * spec.mini_batch
-    positions = [
-        pos
-        for v in range(spec.num_virtual_workers)
-        for i, (pos, valid) in enumerate(plan.iter_worker_order(v))
-        if valid and i >= skip
-    ]
-    return plan.canonical_index(np.asarray(positions, dtype=np.int64))
+    w = spec.py_num_workers
+    workers = range(spec.num_virtual_workers) if rank is None else range(rank * w, (rank + 1) * w)
+    ordered = [np.fromiter(itertools.islice(plan._valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
+    positions = np.concatenate(ordered) if ordered else np.empty(0, np.int64)
+    if plan.start_step and lengths is not None:
+        positions = np.setdiff1d(positions, plan.consumed(plan.start_step, lengths))
+    elif plan.start_step:
+        skip = plan.start_step * spec.mini_batch
+        positions = np.concatenate([o[skip:] for o in ordered]) if ordered else positions
+    return plan.canonical_index(positions)
 
 
 class EpochRecord:

@@ -65,7 +65,8 @@ def _unnamed(spec: PlanSpec) -> DatasetId:
     return DatasetId(tuple(str(i) for i in range(len(spec.shard_sizes))), spec.shard_sizes)
 
 
-def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) -> None:
+def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) -> Dict[str, Any]:
+    """``state`` checked against this pipeline, with the defaults of keys older states lack."""
     state = check_state_shape(state)
     if state["plan_version"] != PLAN_VERSION:
         raise ConfigError(
@@ -78,6 +79,7 @@ def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) 
             f"the state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this pipeline "
             f"has seed={spec.seed}, shuffle={spec.shuffle}: resume with the same seed and shuffle"
         )
+    return state
 
 
 def resume_point(
@@ -88,7 +90,7 @@ def resume_point(
     that epoch. A malformed state, or one saved for other shards or settings, is a ConfigError.
     ``lengths`` reads samples' lengths for bucketed layouts stopped inside a window (see
     ``EpochPlan.consumed``)."""
-    _check(spec, state, dataset)
+    state = _check(spec, state, dataset)
     epoch = int(state["epoch"])
     history = list(state.get("history", []))
     if not history:

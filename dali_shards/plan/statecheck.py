@@ -101,10 +101,13 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
     _want(state, "dataset", lambda v: isinstance(v, Mapping), "an object")
     _want(state["dataset"], "fingerprint", lambda v: isinstance(v, str), "a string", "dataset.")
     _want(state, "history", lambda v: isinstance(v, list), "a list")
+    history = []
     for i, entry in enumerate(state["history"]):
         where = f"history[{i}]."
         if not isinstance(entry, Mapping):
             raise ConfigError(f"malformed state: history[{i}] must be an object, got {entry!r}")
+        entry = {"bucket_window": 0, **entry}  # states saved before bucketing existed: none
+        history.append(entry)
         for key in ("world_size", "num_workers", "batch_size", "shuffle_buffer"):
             _want(entry, key, lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
         _want(entry, "shuffle_block", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
@@ -113,7 +116,7 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
         _want(entry, "steps", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         if entry["batch_size"] % entry["num_workers"]:
             raise ConfigError(f"malformed state: {where}batch_size is not a multiple of {where}num_workers")
-    return dict(state)
+    return {**state, "history": history}
 
 
 def _is_int(value: Any) -> bool:

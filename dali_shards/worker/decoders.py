@@ -41,8 +41,13 @@ def decode_int(data: bytes) -> int:
 
 
 def decode_npy(data: bytes) -> np.ndarray:
-    """An ``.npy`` member as its array (no pickled objects)."""
-    return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+    """An ``.npy`` member as its array (no pickled objects), in the machine's byte order."""
+    return native(np.load(io.BytesIO(bytes(data)), allow_pickle=False))
+
+
+def native(array: np.ndarray) -> np.ndarray:
+    """``array`` with its values in the machine's byte order (DALI takes no other)."""
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 
 
 def decode_json(data: bytes) -> Any:

@@ -16,6 +16,8 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from dali_shards.worker.decoders import native
+
 DALI_DTYPES = frozenset(
     {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
 )
@@ -53,7 +55,7 @@ def _array(name: str, value: Any) -> np.ndarray:
             f"output {name!r} is {type(value).__name__} of dtype {array.dtype}, which DALI cannot take: return "
             "an int, bytes or a NumPy array of numbers or bools (encode strings to bytes or token ids)"
         )
-    return array
+    return native(array)
 
 
 def classify(name: str, value: Any) -> Tuple[OutputSpec, Any]:
@@ -81,6 +83,8 @@ def conform(spec: OutputSpec, value: Any) -> Any:
         return np.asarray(converted, dtype=np.int64)
     if spec.kind == "int" and got.kind == "array" and got.ndim == 0 and got.dtype.startswith(("int", "uint")):
         return int(converted)
+    if {spec, got} == {OutputSpec(spec.name, "bytes"), OutputSpec(spec.name, "array", "uint8", 1)}:
+        return converted  # both travel as a 1-D uint8 array
     raise OutputTypeError(
         f"output {spec.name!r} is {got.describe()} here but {spec.describe()} in the first sample: return the same "
         "type (and dtype and number of dimensions) for every sample, e.g. np.asarray(x, dtype=np.float32)"

@@ -8,8 +8,9 @@ one sample at a time for local shards (plus up to ``MAX_OPEN`` open files); for 
 ``read_window`` plus the requests in flight (``FETCH_THREADS x 2 x`` a request, see
 ``io.rangefetch``), whatever the dataset's size: requests of
 ``read_window / 2k`` bytes (at least 256 KiB, at most ``chunk_size``), ``k`` the shards a worker
-reads at once (``block / py_num_workers``, or fewer); smaller ones at first, up to the first
-``read_window`` bytes of the epoch, so that its first batches come soon. A shard whose spans are unknown (compressed, or not indexed) is read
+reads at once (``block / py_num_workers``, or fewer) -- or of a whole piece where the pieces read at
+once fit in the window (one request per piece, as many as whole-shard reads make); smaller ones
+first for the shards needed in its first ``STARTUP_STEPS`` steps, so that its first batches come soon. A shard whose spans are unknown (compressed, or not indexed) is read
 through a cursor of its own from its start, passing over the samples before this worker's.
 """
 
@@ -31,6 +32,7 @@ from dali_shards.plan.epoch import EpochPlan
 from dali_shards.plan.geometry import Segment
 from dali_shards.worker.reader import READ_ERRORS, Item, ShardFailed, ShardReader, Skipped, shard_error
 
+STARTUP_STEPS = 2  # a shard first needed in a worker's first steps is fetched in growing requests
 log = logging.getLogger("dali_shards")
 
 
@@ -113,8 +115,11 @@ class _Interleaved:
         if spans:  # a worker reads about block / py_num_workers shards at once (see plan.interleave)
             window = cfg.storage.read_window
             at_once = min(len(set(self.shards)), -(-plan.block // cfg.spec.py_num_workers) + 1)
-            request = request_size(window, at_once, cfg.storage.chunk_size)
-            startup = int(np.searchsorted(np.cumsum([sp.hi - sp.lo for sp in spans]), window))
+            per_shard = Counter()
+            for sp in spans:
+                per_shard[sp.url] += sp.hi - sp.lo
+            request = request_size(window, at_once, cfg.storage.chunk_size, list(per_shard.values()))
+            startup = sum(1 for k in self.remote if k < STARTUP_STEPS * cfg.spec.mini_batch)
             self.fetcher = RangeFetcher(spans, cfg.storage, window, request, ramp_until=startup)
 
     def __iter__(self) -> Iterator[Tuple[int, Item]]:

@@ -90,7 +90,7 @@ class EpochBatches:
         self._steps = plan.steps - plan.start_step
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         needed = {pos for pos, _ in emissions}
-        reader = ShardReader(src.config, src.slot.progress)
+        reader = ShardReader(src.config, src.slot.progress, plan.epoch)
         v = src.config.virtual_worker
         if plan.interleaving and plan.worker_valid_count(v):
             order = [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]

@@ -107,7 +107,8 @@ def entered_process(owner_pid: Optional[int] = None) -> None:
     """Called when a source first runs in a worker process (not ``owner_pid``, the process that
     built it). The objects inherited from the parent are frozen out of garbage collection, so that
     a collection here never runs their finalizers (a parent's discarded DALI pipeline would try to
-    shut down the parent's worker pool from inside this worker, and hang); SIGINT is ignored and
+    shut down the parent's worker pool from inside this worker, and hang); torch, if imported, runs
+    on one thread; SIGINT is ignored and
     SIGTERM takes its default action; and the process is bound to end with its parent."""
     global _entered
     pid = os.getpid()
@@ -115,9 +116,18 @@ def entered_process(owner_pid: Optional[int] = None) -> None:
         return
     _entered = pid
     gc.freeze()
+    _one_torch_thread()
     _leave_signals_to_the_parent()
     if owner_pid is not None:
         _bind_to_parent(owner_pid)
+
+
+def _one_torch_thread() -> None:
+    """Torch ops in a worker (a ``map``) run on one thread, as in DataLoader's workers: workers are
+    the parallelism, and a thread pool the parent used before the fork hangs in the child."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
 
 
 def _leave_signals_to_the_parent() -> None:

@@ -61,9 +61,10 @@ class ShardReader:
     """Reads one worker's shards (``config``); ``progress(shard)`` is called as a shard is opened
     and ``progress()`` for every sample read, so that the watchdog sees the worker move."""
 
-    def __init__(self, config: WorkerConfig, progress: Callable[..., None] = lambda shard=None: None):
+    def __init__(self, config: WorkerConfig, progress: Callable[..., None] = lambda shard=None: None, epoch: int = 0):
         self.config = config
         self.progress = progress
+        self.epoch = epoch  # the epoch (streaming: the cycle) user code runs in, for its seeds
 
     def open_ahead(self, shards: Sequence[int]):
         """Openers of these shards, in order, the next ones opened ahead (close it when done)."""
@@ -116,7 +117,7 @@ class ShardReader:
 
     def _pack(self, sample, url: str, index: int) -> Item:
         try:
-            return self.config.stage.pack(sample, index)
+            return self.config.stage.pack(sample, index, self.epoch)
         except ShardError as exc:
             if not self.config.skips:
                 raise

@@ -80,6 +80,7 @@ class StreamingWorkerSource(ProcessEpochs):
         cycle = first_cycle
         while True:
             order = cfg.spec.cycle_order(cfg.virtual_worker, cycle)
+            reader.epoch = cycle  # a sample's augmentations differ from pass to pass
             delivered = 0
             openers = reader.open_ahead(order)
             try:

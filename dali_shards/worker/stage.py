@@ -4,7 +4,8 @@ Without a ``map`` the layout packs the members as they are (integers parsed, ``.
 With one, the requested fields are decoded (``worker/decoders.py``, or the user's ``decoders``)
 into a dict, with ``"__key__"``; the map's dict of outputs is checked against the types the first
 sample fixed (``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is
-computed too (from the map's outputs, or from the decoded fields without a map). User code that
+computed too (from the map's outputs, or from the decoded fields without a map). User code runs
+with the global RNGs seeded per sample (``usercode.seed_user_rngs``). User code that
 raises, or returns what cannot travel, is a ``ShardMapError`` naming the shard, the sample and the
 field or output. Imports no DALI.
 """
@@ -15,12 +16,12 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-from dali_shards.errors import ShardError, ShardFormatError, ShardMapError
+from dali_shards.errors import ConfigError, ShardError, ShardFormatError, ShardMapError
 from dali_shards.io.tarformat import RawSample
 from dali_shards.worker.decoders import builtin_decoder
 from dali_shards.worker.layout import KEY, INDEX, VALID, Packed, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
-from dali_shards.worker.usercode import Portable, failure
+from dali_shards.worker.usercode import Portable, failure, seed_user_rngs
 
 
 class SampleStage:
@@ -33,11 +34,14 @@ class SampleStage:
         mapper: Optional[Portable] = None,
         decoders: Optional[Mapping[str, Optional[Portable]]] = None,
         bucket_by: Optional[Portable] = None,
+        seed: int = 0,
     ):
         self.layout = layout
         self.mapper = mapper
         self.decoders = dict(decoders or {})
         self.bucket_by = bucket_by
+        self.seed = seed
+        self.user_code = [c for c in (mapper, bucket_by, *self.decoders.values()) if c is not None]
 
     @property
     def mapped(self) -> bool:
@@ -67,6 +71,8 @@ class SampleStage:
                 return bytes(data)
             try:
                 return decoder(bytes(data))
+            except ConfigError:  # it could not be loaded in this process: not the sample's fault
+                raise
             except Exception as exc:  # noqa: BLE001 - the user's decoder
                 raise failure(sample.url, sample.key, f"the decoder of field {name!r} ({decoder.name})", exc) from None
         decoder = builtin_decoder(ext, mapped=self.mapped)
@@ -83,8 +89,13 @@ class SampleStage:
                 "on_error='skip'",
             ) from None
 
-    def pack(self, sample: RawSample, index: int) -> Packed:
-        """A sample ready for batching (see the module); a ``ShardError`` naming it if it cannot."""
+    def pack(self, sample: RawSample, index: int, epoch: int = 0) -> Packed:
+        """A sample ready for batching (see the module); a ``ShardError`` naming it if it cannot.
+        User code runs with the global RNGs seeded for (seed, ``epoch``, ``index``)."""
+        if self.user_code:
+            for code in self.user_code:  # loaded before seeding: the modules it imports get seeded too
+                code.load()
+            seed_user_rngs(self.seed, epoch, index)
         if not self.mapped:
             packed = self.layout.pack(sample, index)
             if self.bucket_by is not None:
@@ -101,7 +112,7 @@ class SampleStage:
         """The map's result for a sample's decoded fields (a ``ShardMapError`` if it raises)."""
         try:
             return self.mapper(inputs)
-        except ShardError:
+        except (ShardError, ConfigError):  # ConfigError: it could not be loaded in this process
             raise
         except Exception as exc:  # noqa: BLE001 - the user's map
             raise failure(sample.url, sample.key, f"map ({self.mapper.name})", exc) from None
@@ -150,5 +161,7 @@ class SampleStage:
     def _length(self, sample: RawSample, values: Any) -> int:
         try:
             return int(self.bucket_by(values))
+        except ConfigError:  # it could not be loaded in this process: not the sample's fault
+            raise
         except Exception as exc:  # noqa: BLE001 - the user's bucket_by
             raise failure(sample.url, sample.key, f"bucket_by ({self.bucket_by.name})", exc) from None

@@ -6,15 +6,23 @@ A :class:`Portable` is serialized with ``dill`` (``recurse=True``) when it is ma
 process, so that lambdas, closures and bound methods of objects with state reach spawned workers
 and a callable that cannot be pickled is refused when the pipeline is built, not in a worker. A
 forked worker uses the callable it inherited; an unpickled copy loads it once per process.
+
+Before user code runs on a sample, :func:`seed_user_rngs` seeds Python's ``random``, NumPy's
+global RNG and torch's CPU generator from ``(seed, epoch, sample index)``: random augmentations
+are then the same under any layout, after a resume, and in the main process when it needs a
+sample's length (bucketing), and differ from epoch to epoch.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import sys
 import traceback
 from typing import Any, Callable, Optional
 
 import dill
+import numpy as np
 
 from dali_shards.errors import ConfigError, ShardMapError
 
@@ -48,11 +56,64 @@ class Portable:
 
     def __call__(self, *args: Any) -> Any:
         if self._func is None:
-            self._func = dill.loads(self._blob)
+            self._func = self._load()
         return self._func(*args)
+
+    def load(self) -> None:
+        """Load the callable in this process now (what it imports is then imported)."""
+        if self._func is None:
+            self._func = self._load()
+
+    def _load(self) -> Callable[..., Any]:
+        try:
+            return dill.loads(self._blob)
+        except Exception as exc:  # noqa: BLE001 - whatever its unpickling runs
+            raise ConfigError(
+                f"{self.what}={self.name} was pickled but cannot be loaded in a worker process (pid {os.getpid()}): "
+                f"{type(exc).__name__}: {exc}. Make it loadable (its __setstate__ and what it imports must work in "
+                "a fresh process), or use py_start_method='fork'"
+            ) from None
 
     def __repr__(self) -> str:
         return f"Portable({self.what}={self.name})"
+
+
+_MASK = (1 << 64) - 1
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed for one sample in one epoch (splitmix64 over the three)."""
+    x = (seed * 0x9E3779B97F4A7C15 + (epoch + 1) * 0xBF58476D1CE4E5B9 + (index + 1) * 0x94D049BB133111EB) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def seed_user_rngs(seed: int, epoch: int, index: int) -> None:
+    """Seed the global RNGs user code draws from for this sample (see the module): about 7 us."""
+    value = sample_seed(seed, epoch, index)
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "default_generator"):
+        torch.default_generator.manual_seed(value)
+
+
+class KeptRngs:
+    """A context that gives back the global RNGs' states on exit: user code run in the main
+    process (with seeded RNGs) leaves the user's own random streams as they were."""
+
+    def __enter__(self) -> "KeptRngs":
+        torch = sys.modules.get("torch")
+        self._states = (random.getstate(), np.random.get_state(), torch.get_rng_state() if torch is not None else None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        py, npy, tch = self._states
+        random.setstate(py)
+        np.random.set_state(npy)
+        if tch is not None:
+            sys.modules["torch"].set_rng_state(tch)
 
 
 def failure(url: str, key: str, where: str, exc: BaseException, hint: str = "") -> ShardMapError:

@@ -113,7 +113,13 @@ def start(tmp_path, script, *args):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=_default_signals,  # a run under nohup (SIGHUP ignored) or a shell that ignores SIGINT
     )
+
+
+def _default_signals():
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def read_pids(proc):

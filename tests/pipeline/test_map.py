@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from nvidia.dali import fn, types
 
 from dali_shards import ConfigError, ShardMapError, sharded_pipeline
@@ -78,6 +79,25 @@ def test_user_maps_run_in_the_workers(shards, kind, start):
         assert sorted(keys) == list(range(sum(SIZES))), "every sample once, its outputs its own"
 
 
+def torch_features(s):
+    g = torch.Generator().manual_seed(int(s["cls"]))
+    x = torch.randn(64, 256, generator=g) @ torch.randn(256, 256, generator=g)  # uses torch's thread pool
+    return {"label": s["cls"], "feat": x.sum(0).numpy()}
+
+
+def test_a_map_with_torch_ops_runs_in_forked_workers(shards):
+    torch.set_num_threads(2)  # the parent's pool, used by the build-time probe, then inherited through fork
+    (torch.randn(64, 256) @ torch.randn(256, 256)).sum()
+
+    @sharded_pipeline(shards, fields=("cls",), map=torch_features, batch_size=4, py_num_workers=2, num_threads=1,
+                      device_id=None, py_start_method="fork", worker_timeout=20)  # fmt: skip
+    def pipe(label, feat):
+        return label, feat
+
+    batches = list(DALIShardedIterator(pipe(), ["label", "feat"]))
+    assert sum(len(b["label"]) for (b,) in batches) == sum(SIZES) and batches[0][0]["feat"].shape == (4, 256)
+
+
 def test_a_map_that_cannot_be_pickled_is_refused_when_the_pipeline_is_built(shards):
     ids = (i for i in range(10))
     with pytest.raises(ConfigError, match="map=.*cannot be pickled"):
@@ -88,6 +108,58 @@ def test_a_map_that_cannot_be_pickled_is_refused_when_the_pipeline_is_built(shar
             return n
 
         pipe()
+
+
+def draws(s):
+    import random
+
+    return {"i": s["__index__"], "r": np.array([random.random(), np.random.rand(), float(torch.rand(1))])}
+
+
+def augmentations(shards, workers, start="fork"):
+    """Per epoch, each sample's draws from the three global RNGs in the map."""
+    @sharded_pipeline(shards, fields=("__index__",), map=draws, batch_size=2 * workers, py_num_workers=workers,
+                      shuffle=True, num_threads=1, device_id=None, py_start_method=start)  # fmt: skip
+    def pipe(i, r, __valid__):
+        return i, r, __valid__
+
+    return [{int(i): r.tolist() for step in epoch for i, r, ok in zip(*step) if ok} for epoch in run_epochs(pipe(), 2)]
+
+
+def test_random_augmentations_are_the_same_under_any_layout_and_differ_by_epoch(shards):
+    import random
+
+    before = (random.getstate(), np.random.get_state()[1].tolist())
+    one = augmentations(shards, 1)
+    assert one == augmentations(shards, 2) == augmentations(shards, 2, "spawn"), "seeded per sample, not per worker"
+    assert all(one[0][i] != one[1][i] for i in one[0]), "a new draw each epoch"
+    assert len({tuple(r) for r in one[0].values()}) == sum(SIZES), "and each sample its own"
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == before, "the main process's RNGs untouched"
+
+
+class LoadsOnlyHere:
+    """Pickles, but refuses to be loaded in another process."""
+
+    def __init__(self):
+        self.state = "some"
+
+    def __setstate__(self, state):
+        raise RuntimeError("not loadable elsewhere")
+
+    def __call__(self, s):
+        return {"label": s["cls"]}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_map_that_cannot_be_loaded_in_a_worker_is_one_clear_error(shards, on_error):
+    @sharded_pipeline(shards, fields=("cls",), map=LoadsOnlyHere(), batch_size=4, py_num_workers=2, num_threads=1,
+                      device_id=None, py_start_method="spawn", on_error=on_error)  # fmt: skip
+    def pipe(label):
+        return label
+
+    with pytest.raises(ConfigError, match=r"map=LoadsOnlyHere was pickled but cannot be loaded in a worker.*not loadable"):
+        for _ in DALIShardedIterator(pipe(), ["label"]):
+            pass
 
 
 def flaky(s):

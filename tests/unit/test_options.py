@@ -72,6 +72,7 @@ def test_keywords_round_trip():
         ("request_timeout", 0, "request_timeout must be a positive number of seconds"),
         ("cache_limit", 10, "cache_limit=10 needs cache_dir"),
         ("storage_options", "endpoint", "storage_options must be a dict"),
+        ("decoders", {"jpg": "bytes"}, "decoders= says how fields are decoded for map=, and there is no map"),
     ],
 )
 def test_bad_values_are_config_errors_naming_the_option(name, value, words):

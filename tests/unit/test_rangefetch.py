@@ -135,6 +135,31 @@ def test_request_size_shares_the_window_between_the_pieces():
     assert request_size(1 << 20, 4096, 8 << 20) == rangefetch.MIN_REQUEST
 
 
+def test_pieces_that_fit_in_the_window_are_fetched_whole():
+    mb = 1 << 20
+    piece = 3 * mb + (512 << 10)
+    assert request_size(128 * mb, 32, 8 * mb, [piece] * 32) >= piece, "one request per piece"
+    assert request_size(128 * mb, 16, 8 * mb, [14 * mb] * 16) == 4 * mb, "large pieces share the window"
+    assert request_size(128 * mb, 32, 8 * mb, [mb] * 31 + [64 * mb]) == 8 * mb, "one large piece among small ones"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1 << 20, 1 << 30),
+    st.integers(1, 300),
+    st.lists(st.integers(0, 1 << 26), max_size=300),
+)
+def test_the_request_size_keeps_the_pieces_read_at_once_within_the_window(window, at_once, pieces):
+    chunk = 8 << 20
+    r = request_size(window, at_once, chunk, pieces)
+    assert rangefetch.MIN_REQUEST <= r <= chunk
+    largest = sorted(pieces, reverse=True)[:at_once] + [2 * chunk] * max(0, at_once - len(pieces))
+    if r > rangefetch.MIN_REQUEST:
+        assert sum(min(b, 2 * r) for b in largest) <= window, "two requests (or the whole piece) per piece fit"
+    if r < chunk:
+        assert sum(min(b, 2 * (r + 1)) for b in largest) > window, "and no larger size would"
+
+
 def test_an_objects_first_requests_are_small_then_grow(monkeypatch):
     monkeypatch.setattr(rangefetch, "MIN_REQUEST", 2000)
     url = list(OBJECTS)[0]

@@ -113,6 +113,15 @@ def test_resuming_the_same_layout_after_an_elastic_resume_continues_it():
     assert delivered(again) == delivered(plan_b, start=1)
 
 
+def test_states_saved_before_bucketing_existed_resume_the_same():
+    a, b = spec_of(2, 2, 4), spec_of(3, 1, 3)
+    state = make_state(a, 0, [], a.epoch(0), 2)
+    old = {**state, "history": [{k: v for k, v in e.items() if k != "bucket_window"} for e in state["history"]]}
+    for spec in (a, b):
+        (_, plan, _), (_, from_old, _) = resume_point(spec, state), resume_point(spec, old)
+        assert delivered(from_old) == delivered(plan)
+
+
 def test_states_are_small_and_json():
     spec = PlanSpec((1000,) * 1281, world_size=64, py_num_workers=8, batch_size=256, shuffle=True, seed=3)
     state = make_state(spec, 7, [], spec.epoch(7), 50)

@@ -108,6 +108,18 @@ def test_an_output_must_keep_the_type_of_the_first_sample():
     with pytest.raises(OutputTypeError, match="1 dimension here"):
         conform(spec, np.ones(4, np.float32))
     assert conform(OutputSpec("n", "int", "int64", 0), np.int64(5)) == 5
+    as_bytes, as_array = OutputSpec("b", "bytes"), OutputSpec("b", "array", "uint8", 1)
+    assert conform(as_bytes, np.arange(3, dtype=np.uint8)).tolist() == [0, 1, 2], "a 1-D uint8 array is bytes"
+    assert conform(as_array, b"\x00\x01").tolist() == [0, 1], "and bytes a 1-D uint8 array"
+
+
+def test_big_endian_arrays_arrive_in_the_machines_byte_order():
+    swapped = (np.arange(3) + 1).astype(">f4")
+    spec, value = classify("x", swapped)
+    assert spec == OutputSpec("x", "array", "float32", 1) and value.dtype.isnative and value.tolist() == [1, 2, 3]
+    for stage in (stage_of(("npy",)), stage_of(("npy",), mapper=lambda s: s)):
+        got = stage.inputs(sample(npy=npy(swapped)), 0)["npy"]
+        assert got.dtype.isnative and got.tolist() == [1, 2, 3]
 
 
 def test_map_failures_name_the_sample_and_what_went_wrong():
@@ -179,3 +191,23 @@ def test_json_boxes_to_arrays_round_trip_through_the_slots():
             labels = blob[off : off + n].view(np.int64)
         assert np.allclose(boxes, [[0.1, 0.2, 0.5, 0.6], [0, 0, 1, 1]]) and boxes.dtype == np.float32
         assert labels.tolist() == [3, 7]
+
+
+def test_user_code_runs_with_rngs_seeded_per_sample_and_epoch():
+    import random
+
+    from dali_shards.worker.usercode import KeptRngs, sample_seed
+
+    stage = SampleStage(SampleLayout(("cls",), outputs=[OutputSpec("r", "array", "float64", 1)], image_check="off"),
+                        Portable(lambda s: {"r": np.array([random.random(), np.random.rand()])}, "map"), seed=3)  # fmt: skip
+
+    def drawn(index, epoch):
+        packed = stage.pack(sample(cls=b"1"), index, epoch)
+        return bytes(packed.blob)
+
+    with KeptRngs():
+        state = (random.getstate(), np.random.get_state()[1].tolist())
+        assert drawn(4, 0) == drawn(4, 0) and drawn(4, 0) != drawn(5, 0) and drawn(4, 0) != drawn(4, 1)
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == state, "KeptRngs gave the states back"
+    seeds = {sample_seed(s, e, i) for s in range(4) for e in range(4) for i in range(64)}
+    assert len(seeds) == 4 * 4 * 64 and all(0 <= x < 1 << 64 for x in seeds)

@@ -31,7 +31,7 @@ import random
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.fsrequest import access_error, answer_status, permanent, stale_error, timed
@@ -223,6 +223,10 @@ class RangeReader:
     def read(self, start: int, end: int, cancelled: Callable[[], bool] = lambda: False) -> bytes:
         """Bytes ``[start, end)``, fewer only at the end of the object. A failed or short answer
         is retried from its first missing byte, ``retries`` times at most."""
+        return bytes(self.read_buffer(start, end, cancelled))
+
+    def read_buffer(self, start: int, end: int, cancelled: Callable[[], bool] = lambda: False) -> Union[bytes, bytearray]:
+        """``read``'s bytes in the buffer they arrived in (no copy)."""
         sink = bytearray()
         failures = 0
         while True:
@@ -232,7 +236,7 @@ class RangeReader:
             if pos >= stop:
                 break
             try:
-                self._fetch(pos, stop, sink, cancelled)
+                whole = self._fetch(pos, stop, sink, cancelled)
             except (Cancelled, ShardError):
                 raise
             except Exception as exc:  # noqa: BLE001 - classified below
@@ -243,6 +247,8 @@ class RangeReader:
                 self._back_off(f"read of bytes {pos}-{stop - 1}", exc, failures)
                 failures += 1
                 continue
+            if whole is not None:
+                return whole
             got, size = start + len(sink), self.known_size()
             if size is None or got >= min(end, size):
                 break  # complete; or a short answer from a server that does not tell the size: its end
@@ -257,16 +263,17 @@ class RangeReader:
                 )
             self.retried += 1
             log.warning("dali_shards: response for %s stopped at byte %d; resuming there", self.url, got)
-        return bytes(sink)
+        return sink
 
-    def _fetch(self, pos: int, stop: int, sink: bytearray, cancelled: Callable[[], bool]) -> None:
+    def _fetch(self, pos: int, stop: int, sink: bytearray, cancelled: Callable[[], bool]) -> Optional[bytes]:
         """Append bytes ``[pos, stop)`` to ``sink`` (fewer if the answer is short); raises on failure
-        after appending what did arrive."""
+        after appending what did arrive. Where ``sink`` is empty and one answer holds all the bytes,
+        they are returned instead (no copy)."""
         if self.http:
             from fsspec.asyn import sync
 
             sync(self.fs.loop, _http_get, self, pos, stop, sink, cancelled)
-            return
+            return None
         while pos < stop:
             if cancelled():
                 raise Cancelled()
@@ -284,10 +291,13 @@ class RangeReader:
                 _pieces[id(self.fs)] = min(self.config.chunk_size, piece * 2)
             if len(data) > hi - pos:
                 raise OSError(f"asked for {hi - pos} bytes at {pos}, got {len(data)}")
+            if not sink and hi == stop and len(data) == stop - pos:
+                return data
             sink += data
             if len(data) < hi - pos:
-                return
+                return None
             pos = hi
+        return None
 
 
 class SizeCheck(threading.Thread):

@@ -12,6 +12,10 @@ is always issued, so it never deadlocks; each span's bytes are freed when it is 
 ``window`` (the bytes counted), plus each thread's request while it arrives (the HTTP client's
 buffer and the body, about ``2 x request_bytes`` per thread).
 
+A fetcher made ahead of time (the next epoch's, see ``worker/pieces.py``) may share a smaller
+window with the one before it (``after``): until that one closes, the two together hold at most
+``shared_window`` bytes; then its own ``window`` applies.
+
 A request that fails (after ``RangeReader``'s retries) fails every span it holds, and every later
 span of the same shard without asking the server again: the shard is reported once, not once per
 sample. A reader that gives up on a shard says so (``discard``): what is fetched of it is freed.
@@ -29,6 +33,7 @@ from dali_shards.options import StorageOptions
 FETCH_THREADS = 8
 MIN_REQUEST = 256 << 10
 RAMP = 4
+POLL_S = 0.02  # how often a fetcher waiting on the bytes of the one before it looks again
 
 
 class Span(NamedTuple):
@@ -85,8 +90,12 @@ class RangeFetcher:
         request_bytes: int,
         threads: Optional[int] = None,
         ramp_until: Optional[int] = None,
+        after: Optional["RangeFetcher"] = None,
+        shared_window: Optional[int] = None,
     ):
         self._spans = list(spans)
+        self._after = after
+        self._shared_window = window if shared_window is None else shared_window
         self._config = config
         self._window = window
         self._requests = plan_requests(self._spans, request_bytes, ramp_until)
@@ -102,6 +111,7 @@ class RangeFetcher:
         self._readers: Dict[str, RangeReader] = {}
         self._next = 0  # the next request to issue
         self._held = 0  # bytes in flight or fetched and not taken
+        self._in_flight = 0  # requests issued and not answered
         self._waiting = -1  # the request the reader waits for
         self._closed = False
         self.requests_made = 0
@@ -112,6 +122,16 @@ class RangeFetcher:
     def held(self) -> int:
         """Bytes in flight or fetched and not yet taken."""
         return self._held
+
+    @property
+    def issued_all(self) -> bool:
+        """Every request has been issued (some may still be in flight)."""
+        return self._next >= len(self._requests)
+
+    @property
+    def fetched_all(self) -> bool:
+        """Every request has been answered (or has failed): nothing more will be asked."""
+        return self._next >= len(self._requests) and not self._in_flight
 
     def take(self, i: int) -> bytes:
         """The bytes of span ``i`` (waits for them); the error of its request if it failed."""
@@ -151,18 +171,26 @@ class RangeFetcher:
         if self._next >= len(self._requests):
             return False
         req = self._requests[self._next]
-        return self._next <= self._waiting or self._held + (req.hi - req.lo) <= self._window
+        before = self._after
+        if before is not None and before._closed:
+            before = self._after = None
+        if before is None:
+            held, window = self._held, self._window
+        else:
+            held, window = self._held + before.held, self._shared_window
+        return self._next <= self._waiting or held + (req.hi - req.lo) <= window
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and self._next < len(self._requests) and not self._may_issue():
-                    self._cond.wait()
+                    self._cond.wait(POLL_S if self._after is not None else None)
                 if self._closed or self._next >= len(self._requests):
                     return
                 r, self._next = self._next, self._next + 1
                 req = self._requests[r]
                 self._held += req.hi - req.lo
+                self._in_flight += 1
                 self.requests_made += 1
                 failed = self._failed.get(req.url)
             try:
@@ -173,6 +201,7 @@ class RangeFetcher:
                 return
             except BaseException as exc:  # noqa: BLE001 - handed to take()
                 with self._cond:
+                    self._in_flight -= 1
                     self._held -= req.hi - req.lo
                     self._errors[r] = exc
                     if isinstance(exc, (ShardError, OSError)):
@@ -180,16 +209,19 @@ class RangeFetcher:
                     self._cond.notify_all()
                 continue
             with self._cond:
+                self._in_flight -= 1
                 self._held -= req.hi - req.lo
                 if self._closed:
                     return
                 if req.url in self._discarded:  # the reader gave up on this object meanwhile
                     continue
-                for i in req.spans:
+                view = memoryview(data)
+                for i in req.spans:  # each span a copy of its own: the request's buffer is freed now
                     span = self._spans[i]
-                    piece = data[span.lo - req.lo : span.hi - req.lo]
+                    piece = bytes(view[span.lo - req.lo : span.hi - req.lo])
                     self._ready[i] = piece
                     self._held += len(piece)
+                view.release()
                 self._cond.notify_all()
 
     def _fetch(self, req: _Request) -> bytes:
@@ -199,7 +231,7 @@ class RangeFetcher:
                 reader = self._readers[req.url] = RangeReader(req.url, self._config, req.size)
         if not reader.http and reader.size is None and reader.expected is not None:
             reader.object_size()  # once per object and process: a changed object is a ShardFormatError
-        return reader.read(req.lo, req.hi, cancelled=lambda: self._closed)
+        return reader.read_buffer(req.lo, req.hi, cancelled=lambda: self._closed)
 
     def __enter__(self) -> "RangeFetcher":
         return self

@@ -79,7 +79,8 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             shards at once (interleaving): requests of ``read_window / (2 k)`` bytes, ``k`` the
             shards it reads at once (about ``shuffle_block / py_num_workers``), at least 256 KiB
             and at most 8 MiB -- a whole piece of a shard where the pieces fit in the window --
-            fetched in the order they are needed by 8 threads.
+            fetched in the order they are needed by 8 threads. Once an epoch's requests are all
+            answered, the next epoch's are fetched too, the two within ``read_window / 2``.
         cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
             least recently used beyond ``cache_limit`` bytes (None: no limit). Only whole-shard
             reads (contiguous runs, streaming) use it; interleaved reads fetch ranges.

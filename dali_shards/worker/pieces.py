@@ -10,7 +10,12 @@ one sample at a time for local shards (plus up to ``MAX_OPEN`` open files); for 
 ``read_window / 2k`` bytes (at least 256 KiB, at most ``chunk_size``), ``k`` the shards a worker
 reads at once (``block / py_num_workers``, or fewer) -- or of a whole piece where the pieces read at
 once fit in the window (one request per piece, as many as whole-shard reads make); smaller ones
-first for the shards needed in its first ``STARTUP_STEPS`` steps, so that its first batches come soon. A shard whose spans are unknown (compressed, or not indexed) is read
+first for the shards needed in its first ``STARTUP_STEPS`` steps, so that its first batches come
+soon. Once every remote request of an epoch is answered, the worker starts the next epoch's reading
+(``Interleaved(..., ahead_of=...)``, full-size requests), which fetches while the two together hold
+at most ``read_window / AHEAD_SHARE``, so that an epoch's start does not wait on the network (after
+the last epoch, up to that much is fetched in vain). A shard
+whose spans are unknown (compressed, or not indexed) is read
 through a cursor of its own from its start, passing over the samples before this worker's.
 """
 
@@ -33,6 +38,7 @@ from dali_shards.plan.geometry import Segment
 from dali_shards.worker.reader import READ_ERRORS, Item, ShardFailed, ShardReader, Skipped, shard_error
 
 STARTUP_STEPS = 2  # a shard first needed in a worker's first steps is fetched in growing requests
+AHEAD_SHARE = 2  # the next epoch's reading fetches while both hold at most read_window / AHEAD_SHARE
 log = logging.getLogger("dali_shards")
 
 
@@ -89,10 +95,19 @@ def stretches(order: np.ndarray, shards: np.ndarray, local: np.ndarray) -> Dict[
     return out
 
 
-class _Interleaved:
-    """One epoch's interleaved reading (see ``read_interleaved``)."""
+class Interleaved:
+    """One epoch's interleaved reading (see ``read_interleaved``); its remote spans are fetched
+    from the start. ``ahead_of``: the reading of the epoch before, still going on (this one then
+    shares its window and makes full-size requests)."""
 
-    def __init__(self, plan: EpochPlan, order: Sequence[int], needed, reader: ShardReader):
+    def __init__(
+        self,
+        plan: EpochPlan,
+        order: Sequence[int],
+        needed,
+        reader: ShardReader,
+        ahead_of: Optional["Interleaved"] = None,
+    ):
         self.plan, self.needed, self.reader = plan, needed, reader
         self.cfg = cfg = reader.config
         self.order = np.asarray(order, dtype=np.int64)
@@ -119,8 +134,10 @@ class _Interleaved:
             for sp in spans:
                 per_shard[sp.url] += sp.hi - sp.lo
             request = request_size(window, at_once, cfg.storage.chunk_size, list(per_shard.values()))
-            startup = sum(1 for k in self.remote if k < STARTUP_STEPS * cfg.spec.mini_batch)
-            self.fetcher = RangeFetcher(spans, cfg.storage, window, request, ramp_until=startup)
+            ramp = sum(1 for k in self.remote if k < STARTUP_STEPS * cfg.spec.mini_batch)
+            before = ahead_of.fetcher if ahead_of is not None else None  # then full-size requests
+            self.fetcher = RangeFetcher(spans, cfg.storage, window, request, ramp_until=0 if before else ramp,
+                                        after=before, shared_window=window // AHEAD_SHARE)  # fmt: skip
 
     def __iter__(self) -> Iterator[Tuple[int, Item]]:
         for k, (pos, s, i) in enumerate(zip(self.order.tolist(), self.shards, self.local)):
@@ -188,11 +205,11 @@ class _Interleaved:
             self.fetcher.close()
 
 
-def read_interleaved(plan: EpochPlan, order: Sequence[int], needed, reader: ShardReader) -> Iterator[Tuple[int, Item]]:
-    """(epoch position, packed sample) of the positions in ``order`` (a worker's reading order
-    under an interleaving plan), in that order (see the module). Under ``on_error="skip"`` a shard
-    that cannot be read makes its samples ``Skipped``, as does a bad sample itself."""
-    reading = _Interleaved(plan, order, needed, reader)
+def read_interleaved(reading: Interleaved) -> Iterator[Tuple[int, Item]]:
+    """(epoch position, packed sample) of the positions in a worker's reading order under an
+    interleaving plan, in that order (see the module), and the reading closed at the end. Under
+    ``on_error="skip"`` a shard that cannot be read makes its samples ``Skipped``, as does a bad
+    sample itself."""
     try:
         yield from reading
     finally:

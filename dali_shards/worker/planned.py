@@ -10,7 +10,8 @@ imports no DALI.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+import logging
+from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.bucket import window_order, window_steps
@@ -18,8 +19,18 @@ from dali_shards.plan.epoch import EpochPlan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
 from dali_shards.worker.process import ProcessEpochs
-from dali_shards.worker.pieces import read_interleaved, read_segments
+from dali_shards.worker.pieces import Interleaved, read_interleaved, read_segments
 from dali_shards.worker.reader import Item, ShardReader, Skipped
+
+log = logging.getLogger("dali_shards")
+
+
+class Ahead(NamedTuple):
+    """An epoch's reading started before its first batch is asked for (remote interleaving)."""
+
+    plan: EpochPlan
+    emissions: List[Tuple[int, bool]]
+    reading: Interleaved
 
 
 class WorkerSource(ProcessEpochs):
@@ -27,8 +38,12 @@ class WorkerSource(ProcessEpochs):
     ``config.start_epoch``.
 
     ``iter()`` is also called once in the main process when the pipeline is defined; it stays
-    lazy (nothing is opened before the first batch) and epochs are counted per process.
+    lazy (nothing is opened before the first batch) and epochs are counted per process. When
+    the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
+
+    _process_state = ("ahead",)
+    ahead: Optional[Ahead] = None
 
     def __init__(self, config: WorkerConfig):
         if len(config.urls) != len(config.spec.shard_sizes):
@@ -48,6 +63,40 @@ class WorkerSource(ProcessEpochs):
             return resumed
         return self.config.spec.epoch(epoch)
 
+    def take_ahead(self, epoch: int) -> Optional[Ahead]:
+        """The reading started ahead for ``epoch``, if any (one for another epoch is dropped)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.plan.epoch != epoch:
+            ahead.reading.close()
+            return None
+        return ahead
+
+    def read_ahead(self, epoch: int, current: Interleaved) -> None:
+        """Start reading ``epoch`` while ``current`` (the epoch before) goes on (see the class)."""
+        try:
+            plan = self.plan_for(epoch)
+            emissions = worker_emissions(plan, self.config.virtual_worker, 0)
+            if not (plan.interleaving and plan.worker_valid_count(self.config.virtual_worker)):
+                return
+            reader = ShardReader(self.config, self.slot.progress, epoch)
+            needed = {pos for pos, _ in emissions}
+            reading = Interleaved(plan, read_order(plan, self.config.virtual_worker, needed), needed.__contains__,
+                                  reader, ahead_of=current)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - only a head start: the epoch begins as usual
+            log.debug("dali_shards: epoch %d not started ahead: %r", epoch, exc)
+            return
+        self.ahead = Ahead(plan, emissions, reading)
+
+
+def worker_emissions(plan: EpochPlan, v: int, first: int) -> List[Tuple[int, bool]]:
+    """Virtual worker ``v``'s (position, valid) slots of ``plan`` from slot ``first`` on."""
+    return list(plan.iter_worker_order(v))[first:]
+
+
+def read_order(plan: EpochPlan, v: int, needed: Set[int]) -> List[int]:
+    """The positions of ``needed`` in the order virtual worker ``v`` reads them (interleaving)."""
+    return [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]
+
 
 class EpochBatches:
     """Iterator over one epoch's padded batches of one worker."""
@@ -62,6 +111,8 @@ class EpochBatches:
         self._pending: Dict[int, Item] = {}
         self._last: Tuple[int, Optional[Item]] = (-1, None)
         self._good: Optional[Packed] = None  # the last good sample: stands in for skipped ones
+        self._reading: Optional[Interleaved] = None
+        self._ahead_started = False  # remote interleaving: the next epoch starts ahead
 
     def __iter__(self) -> "EpochBatches":
         return self
@@ -69,7 +120,7 @@ class EpochBatches:
     def __next__(self):
         src = self.source
         if self._order is None:
-            self._start(src.plan_for(self.epoch))
+            self._start()
         if self._step >= self._ends_at():
             self._close()
             src.slot.end(self.epoch, self._step, produced=False)
@@ -78,23 +129,32 @@ class EpochBatches:
         batch = self._batch()
         self._step += 1
         src.slot.end(self.epoch, self._step)
+        reading = self._reading
+        if reading is not None and not self._ahead_started and reading.fetcher is not None and reading.fetcher.fetched_all:
+            self._ahead_started = True
+            src.read_ahead(self.epoch + 1, reading)
         return batch
 
-    def _start(self, plan: EpochPlan) -> None:
+    def _start(self) -> None:
         src = self.source
+        ahead = src.take_ahead(self.epoch)
+        plan = ahead.plan if ahead is not None else src.plan_for(self.epoch)
         m = plan.spec.mini_batch
         span = window_steps(plan.spec.bucket_window, m) * m
         skip = plan.start_step * m
         first = skip // span * span if span else skip  # bucketing: from the start of the window
-        emissions = list(plan.iter_worker_order(src.config.virtual_worker))[first:]
+        v = src.config.virtual_worker
+        emissions = ahead.emissions if ahead is not None else worker_emissions(plan, v, first)
         self._steps = plan.steps - plan.start_step
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         needed = {pos for pos, _ in emissions}
         reader = ShardReader(src.config, src.slot.progress, plan.epoch)
-        v = src.config.virtual_worker
         if plan.interleaving and plan.worker_valid_count(v):
-            order = [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]
-            self._samples = read_interleaved(plan, order, needed.__contains__, reader)
+            reading = ahead.reading if ahead is not None else Interleaved(
+                plan, read_order(plan, v, needed), needed.__contains__, reader
+            )
+            self._reading = reading
+            self._samples = read_interleaved(reading)
             return
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
@@ -185,6 +245,8 @@ class EpochBatches:
     def _close(self) -> None:
         if self._samples is not None:
             self._samples.close()
+        if self._reading is not None:  # also when its generator never started
+            self._reading.close()
         self._pending.clear()
         self._last = (-1, None)
 

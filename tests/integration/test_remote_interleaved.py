@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import time
 
 import pytest
 
@@ -61,8 +62,38 @@ def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_d
         gets = [r for p, r in http.faults.requests if p.endswith(".tar")]
         assert gets and all(r and r.startswith("bytes=") for r in gets), "ranged requests only"
         info = pipeline_info(pipes[0])
-        pieces = sum(len(info.plan(e).worker_pieces(v)) for e in range(2) for v in range(4))
-        assert len(gets) <= pieces + 2 < 2 * sum(SIZES), "one request per piece (+ 2 cut off), not one per sample"
+        pieces = sum(len(info.plan(e).worker_pieces(v)) for e in range(3) for v in range(4))  # epoch 2: read ahead
+        assert len(gets) <= pieces + 2 < 3 * sum(SIZES), "one request per piece (+ 2 cut off), not one per sample"
+
+
+def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
+    from dali_shards.options import ShardedOptions
+    from dali_shards.pipeline.resolve import resolve
+    from dali_shards.worker.planned import WorkerSource
+
+    def slots(source):
+        """One epoch of a worker source, every slot's bytes (padding and table included)."""
+        return [bytes(memoryview(x)) for batch in iter(source) for x in batch]
+
+    with HTTPShardServer(str(shard_dir)) as http:
+        options = ShardedOptions.from_keywords(source=f"{http.url}/{PATTERN}", fields=("__index__", "jpg"),
+                                               batch_size=4, py_num_workers=2, shuffle=True, seed=5)  # fmt: skip
+        config = resolve(options).workers[1]
+        source = WorkerSource(config)
+        assert slots(source)
+        ahead = source.ahead
+        assert ahead is not None and ahead.plan.epoch == 1, "epoch 1 started before it was asked for"
+        deadline = time.monotonic() + 10
+        while not ahead.reading.fetcher.fetched_all and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ahead.reading.fetcher.requests_made == len(ahead.reading.fetcher._requests) > 0
+        second = slots(source)
+        assert source.ahead is not None and source.ahead.plan.epoch == 2, "and epoch 2 while epoch 1 was read"
+
+        plain = WorkerSource(config)
+        slots(plain)
+        plain.take_ahead(-1)  # dropped: epoch 1 read from scratch
+        assert plain.ahead is None and slots(plain) == second, "the same batches with or without a head start"
 
 
 def test_s3_pieces_exactly_once(shard_dir, local):

@@ -37,6 +37,8 @@ class FakeReader:
             raise ShardAccessError(self.url, "read failed after 6 attempts")
         return OBJECTS[self.url][lo:hi]
 
+    read_buffer = read
+
 
 @pytest.fixture(autouse=True)
 def fake(monkeypatch):
@@ -127,6 +129,28 @@ def test_close_ends_the_threads_without_a_hang(fake):
     assert not any(t.name == "dali_shards-ranges" for t in threading.enumerate())
     with pytest.raises(RuntimeError, match="after close"):
         fetcher.take(len(spans) - 1)
+
+
+def test_a_fetcher_started_ahead_shares_the_window_with_the_one_before(fake):
+    urls = list(OBJECTS)
+    first, second = interleaved_spans(urls[:3], 20, 2000), interleaved_spans(urls[3:], 20, 2000)
+    window, request = 30_000, 6000
+    peak = []
+    with RangeFetcher(first, StorageOptions(), window, request, threads=4) as now:
+        while not now.issued_all and now.held < window - request:  # the window fills with the first's bytes
+            time.sleep(0.01)
+        ahead = RangeFetcher(second, StorageOptions(), 10 * window, request, threads=4, after=now, shared_window=window)
+        for i, s in enumerate(first):
+            peak.append(now.held + ahead.held)
+            assert now.take(i) == OBJECTS[s.url][s.lo : s.hi]
+        time.sleep(0.1)
+        assert ahead.requests_made, "it fetched while the one before was read"
+        assert max(peak) <= window + request, "the two together within the window (+ one request)"
+    time.sleep(0.1)
+    assert ahead.held > window, "the one before closed: its own window applies"
+    with ahead:
+        assert [ahead.take(i) for i in range(len(second))] == [OBJECTS[s.url][s.lo : s.hi] for s in second]
+    assert len(fake.log) == len(plan_requests(first, request)) + len(plan_requests(second, request))
 
 
 def test_request_size_shares_the_window_between_the_pieces():

@@ -87,6 +87,8 @@ class WorkerWatch:
     it forever (DALI then terminates the other workers, leaving the same state in their queues).
     When a worker process ends, this thread gives that acknowledgement, so the hand-off returns and
     the iterator can report the dead worker; after a normal shutdown nothing uses the queue again.
+    A worker stopped or killed while it held its queue's lock (taking a task) would block the
+    hand-off on the lock itself: that lock is released too (``free_lock_of_the_dead``).
     (DALI and multiprocessing internals, looked up defensively: without them only the check before
     each call remains.)"""
 
@@ -113,6 +115,33 @@ class WorkerWatch:
                 woken = getattr(getattr(queue, "cv_not_empty", None), "_woken_count", None)
                 if woken is not None:
                     woken.release()
+                free_lock_of_the_dead(getattr(queue, "lock", None))
+
+
+LOOKS = 3  # how many times a lock must be seen taken, by no thread of this process, to be freed
+LOOK_S = 0.1
+
+
+def free_lock_of_the_dead(lock: Any) -> bool:
+    """Release ``lock`` (a multiprocessing Lock shared by this process and one worker that has
+    ended) if the worker died holding it: it stays taken over ``LOOKS`` looks ``LOOK_S`` apart, and
+    no thread of this process holds it. True if released. What DALI then does with the dead
+    worker's queue fails as for any dead worker, instead of waiting forever."""
+    semlock = getattr(lock, "_semlock", None)
+    if semlock is None:
+        return False
+    try:
+        for look in range(LOOKS):
+            if look:
+                time.sleep(LOOK_S)
+            if semlock._get_value() != 0 or semlock._count() != 0:  # noqa: SLF001 - free, or ours
+                return False
+        lock.release()
+        semlock._after_fork()  # noqa: SLF001 - this process's count of it back to 0: it never held it
+    except (AttributeError, NotImplementedError, OSError, ValueError, AssertionError):
+        return False
+    log.warning("dali_shards: a worker process ended holding its task queue's lock; released it")
+    return True
 
 
 def stuck_worker(statuses: Sequence[WorkerStatus], now: float, timeout: float) -> Optional[WorkerStatus]:

@@ -81,6 +81,43 @@ STUCK_SCRIPT = COMMON + textwrap.dedent(
     """
 )
 
+LOCKED_SCRIPT = COMMON + textwrap.dedent(
+    """
+    import multiprocessing as mp
+
+    def hold(lock):
+        lock.acquire()
+        time.sleep(600)
+
+    def main():
+        paths = write_sample_shards(sys.argv[1], shard_sizes=(200, 200))
+        pipe = make(paths, worker_timeout=3.0)()
+        it = DALIShardedIterator(pipe, ["index"])
+        for _ in range(len(it)):
+            next(it)
+        pool = pipe._py_pool.pool
+        worker, lock = pool._processes[0], pool._workers_contexts[0].dedicated_task_queue.lock
+        holder = mp.get_context("fork").Process(target=hold, args=(lock,), daemon=True)
+        holder.start()
+        while lock._semlock._get_value():
+            time.sleep(0.01)
+        # as if the worker had stopped while taking a task: its queue's lock stays taken
+        os.kill(worker.pid, signal.SIGSTOP)
+        os.kill(holder.pid, signal.SIGKILL)
+        print("PIDS", worker.pid, flush=True)
+        start = time.monotonic()
+        try:
+            while True:
+                for _ in it:
+                    pass
+        except WorkerError as exc:
+            print(f"WorkerError after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
 
 def gone(pid):
     """True once ``pid`` has exited (a zombie counts as gone: it holds no memory or files)."""
@@ -185,6 +222,19 @@ def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, w
         assert f"worker {worker} (virtual worker {worker}, pid {pids[0]}) of rank 0" in message
         assert "made no progress for" in message and "worker_timeout=3" in message
         assert "sample-00000" in message, "names the shard"
+        assert not wait_gone(pids, 10), "no worker left behind"
+    finally:
+        cleanup(proc, pids)
+
+
+def test_a_worker_that_ends_holding_its_task_queue_lock_is_an_error_not_a_hang(tmp_path):
+    proc = start(tmp_path, LOCKED_SCRIPT)
+    pids = read_pids(proc)
+    try:
+        out, err = proc.communicate(timeout=HARD_LIMIT)
+        assert "WorkerError after" in out, out + err[-3000:]
+        assert float(out.split("WorkerError after ")[1].split("s:")[0]) < 30
+        assert "ended holding its task queue's lock; released it" in err
         assert not wait_gone(pids, 10), "no worker left behind"
     finally:
         cleanup(proc, pids)

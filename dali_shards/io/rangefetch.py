@@ -124,11 +124,6 @@ class RangeFetcher:
         return self._held
 
     @property
-    def issued_all(self) -> bool:
-        """Every request has been issued (some may still be in flight)."""
-        return self._next >= len(self._requests)
-
-    @property
     def fetched_all(self) -> bool:
         """Every request has been answered (or has failed): nothing more will be asked."""
         return self._next >= len(self._requests) and not self._in_flight

@@ -14,9 +14,9 @@ first for the shards needed in its first ``STARTUP_STEPS`` steps, so that its fi
 soon. Once every remote request of an epoch is answered, the worker starts the next epoch's reading
 (``Interleaved(..., ahead_of=...)``, full-size requests), which fetches while the two together hold
 at most ``read_window / AHEAD_SHARE``, so that an epoch's start does not wait on the network (after
-the last epoch, up to that much is fetched in vain). A shard
-whose spans are unknown (compressed, or not indexed) is read
-through a cursor of its own from its start, passing over the samples before this worker's.
+the last epoch, up to that much is fetched in vain). A shard whose spans are unknown (compressed, or
+not indexed) is read through a cursor of its own from its start, passing over the samples before
+this worker's.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ imports no DALI.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.bucket import window_order, window_steps
@@ -73,29 +73,31 @@ class WorkerSource(ProcessEpochs):
 
     def read_ahead(self, epoch: int, current: Interleaved) -> None:
         """Start reading ``epoch`` while ``current`` (the epoch before) goes on (see the class)."""
+        v = self.config.virtual_worker
         try:
             plan = self.plan_for(epoch)
-            emissions = worker_emissions(plan, self.config.virtual_worker, 0)
-            if not (plan.interleaving and plan.worker_valid_count(self.config.virtual_worker)):
+            if not (plan.interleaving and plan.worker_valid_count(v)):
                 return
-            reader = ShardReader(self.config, self.slot.progress, epoch)
-            needed = {pos for pos, _ in emissions}
-            reading = Interleaved(plan, read_order(plan, self.config.virtual_worker, needed), needed.__contains__,
-                                  reader, ahead_of=current)  # fmt: skip
+            emissions = worker_emissions(plan, v, 0)
+            reading = self.interleaved(plan, emissions, ahead_of=current)
         except Exception as exc:  # noqa: BLE001 - only a head start: the epoch begins as usual
             log.debug("dali_shards: epoch %d not started ahead: %r", epoch, exc)
             return
         self.ahead = Ahead(plan, emissions, reading)
 
+    def interleaved(
+        self, plan: EpochPlan, emissions: List[Tuple[int, bool]], ahead_of: Optional[Interleaved] = None
+    ) -> Interleaved:
+        """The interleaved reading of the samples in ``emissions`` (this worker's slots of ``plan``)."""
+        needed = {pos for pos, _ in emissions}
+        order = [pos for pos in plan.worker_read_order(self.config.virtual_worker).tolist() if pos in needed]
+        reader = ShardReader(self.config, self.slot.progress, plan.epoch)
+        return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
+
 
 def worker_emissions(plan: EpochPlan, v: int, first: int) -> List[Tuple[int, bool]]:
     """Virtual worker ``v``'s (position, valid) slots of ``plan`` from slot ``first`` on."""
     return list(plan.iter_worker_order(v))[first:]
-
-
-def read_order(plan: EpochPlan, v: int, needed: Set[int]) -> List[int]:
-    """The positions of ``needed`` in the order virtual worker ``v`` reads them (interleaving)."""
-    return [pos for pos in plan.worker_read_order(v).tolist() if pos in needed]
 
 
 class EpochBatches:
@@ -112,7 +114,7 @@ class EpochBatches:
         self._last: Tuple[int, Optional[Item]] = (-1, None)
         self._good: Optional[Packed] = None  # the last good sample: stands in for skipped ones
         self._reading: Optional[Interleaved] = None
-        self._ahead_started = False  # remote interleaving: the next epoch starts ahead
+        self._ahead_of: Optional[Interleaved] = None  # a remote reading whose next epoch is not started yet
 
     def __iter__(self) -> "EpochBatches":
         return self
@@ -129,10 +131,9 @@ class EpochBatches:
         batch = self._batch()
         self._step += 1
         src.slot.end(self.epoch, self._step)
-        reading = self._reading
-        if reading is not None and not self._ahead_started and reading.fetcher is not None and reading.fetcher.fetched_all:
-            self._ahead_started = True
-            src.read_ahead(self.epoch + 1, reading)
+        if self._ahead_of is not None and self._ahead_of.fetcher.fetched_all:
+            current, self._ahead_of = self._ahead_of, None
+            src.read_ahead(self.epoch + 1, current)
         return batch
 
     def _start(self) -> None:
@@ -147,15 +148,13 @@ class EpochBatches:
         emissions = ahead.emissions if ahead is not None else worker_emissions(plan, v, first)
         self._steps = plan.steps - plan.start_step
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
-        needed = {pos for pos, _ in emissions}
-        reader = ShardReader(src.config, src.slot.progress, plan.epoch)
         if plan.interleaving and plan.worker_valid_count(v):
-            reading = ahead.reading if ahead is not None else Interleaved(
-                plan, read_order(plan, v, needed), needed.__contains__, reader
-            )
-            self._reading = reading
+            reading = self._reading = ahead.reading if ahead is not None else src.interleaved(plan, emissions)
+            self._ahead_of = reading if reading.fetcher is not None else None
             self._samples = read_interleaved(reading)
             return
+        needed = {pos for pos, _ in emissions}
+        reader = ShardReader(src.config, src.slot.progress, plan.epoch)
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
 

@@ -24,7 +24,7 @@ def torchrun(tmp_path, world, sizes, epochs=2, batch=4, workers=2, last_batch="p
         str(workers),
         last_batch,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})  # torchrun leaves its logs in TMPDIR
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp_path / "audit.json").read_text())
 

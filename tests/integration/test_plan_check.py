@@ -23,7 +23,7 @@ def run_job(tmp_path, mode):
     ]
     try:
         out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the ranks hung: {exc}")

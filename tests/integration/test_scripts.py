@@ -165,6 +165,7 @@ def test_training_example_under_torchrun(tmp_path):
             str(log),
         ],
         300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun leaves its logs in TMPDIR
     )
     assert out.returncode == 0, out.stdout + out.stderr
     (epoch,) = _log(log)

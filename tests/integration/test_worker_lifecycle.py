@@ -26,6 +26,17 @@ COMMON = textwrap.dedent(
         def p(jpg, index):
             return index
         return p
+
+    def until_worker_error(it, *before):  # iterate until a WorkerError; print before, the time, the error
+        start = time.monotonic()
+        try:
+            while True:
+                for _ in it:
+                    pass
+        except WorkerError as exc:
+            if before:
+                print(*before)
+            print(f"WorkerError after {time.monotonic() - start:.1f}s: {exc}", flush=True)
     """
 )
 
@@ -70,14 +81,7 @@ STUCK_SCRIPT = COMMON + textwrap.dedent(
     print("PIDS", *pids, flush=True)
     # which source that process runs, by its own stamp (DALI's process order is not the sources')
     stopped = [w.worker for w in pipe.dali_shards.control.snapshot() if w.pid == pids[0]]
-    start = time.monotonic()
-    try:
-        while True:
-            for _ in it:
-                pass
-    except WorkerError as exc:
-        print("STOPPED", *stopped)
-        print(f"WorkerError after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+    until_worker_error(it, "STOPPED", *stopped)
     """
 )
 
@@ -105,13 +109,7 @@ LOCKED_SCRIPT = COMMON + textwrap.dedent(
         os.kill(worker.pid, signal.SIGSTOP)
         os.kill(holder.pid, signal.SIGKILL)
         print("PIDS", worker.pid, flush=True)
-        start = time.monotonic()
-        try:
-            while True:
-                for _ in it:
-                    pass
-        except WorkerError as exc:
-            print(f"WorkerError after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+        until_worker_error(it)
 
     if __name__ == "__main__":
         main()

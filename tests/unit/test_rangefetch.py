@@ -137,7 +137,7 @@ def test_a_fetcher_started_ahead_shares_the_window_with_the_one_before(fake):
     window, request = 30_000, 6000
     peak = []
     with RangeFetcher(first, StorageOptions(), window, request, threads=4) as now:
-        while not now.issued_all and now.held < window - request:  # the window fills with the first's bytes
+        while not now.fetched_all and now.held < window - request:  # the window fills with the first's bytes
             time.sleep(0.01)
         ahead = RangeFetcher(second, StorageOptions(), 10 * window, request, threads=4, after=now, shared_window=window)
         for i, s in enumerate(first):

@@ -78,11 +78,17 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         first_batch = time.perf_counter() - start
         for ids in batches:  # the rest of the warm-up epoch
             count += len(ids)
-        rates = []
+        rates, steps = [], 0
+        cpu0, thread0 = time.process_time(), time.thread_time()
         for _ in range(epochs):
             t0 = time.perf_counter()
-            n = sum(len(ids) for ids in loader.epoch())
+            n = 0
+            for ids in loader.epoch():
+                n += len(ids)
+                steps += 1
             rates.append(n / (time.perf_counter() - t0))
+        cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
+        shared = shared_memory_mb()
         if hasattr(loader, "close"):
             loader.close()
     rates.sort()
@@ -93,7 +99,26 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         "warmup_samples": count,
         "peak_memory_mb": memory.peak / 2**20,
         "memory_kind": memory.kind,
+        "main_process_cpu_ms_per_step": 1000 * cpu / max(1, steps),
+        "main_thread_cpu_ms_per_step": 1000 * thread / max(1, steps),
+        "shared_memory_mb": shared,
     }
+
+
+def shared_memory_mb() -> float:
+    """Shared memory this process maps (memfd segments and /dev/shm files: the transfers' slots and
+    DALI's worker-pool buffers), in MB."""
+    total = 0
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and ("/memfd:" in parts[5] or parts[5].startswith("/dev/shm/")):
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    total += hi - lo
+    except OSError:
+        return float("nan")
+    return total / 2**20
 
 
 def measure_audit(loader_name: str, cfg, epochs: int = 2) -> dict:

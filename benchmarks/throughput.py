@@ -1,13 +1,18 @@
-"""Samples/s of dali_shards vs DALI's native webdataset reader vs the plain #4892 workaround.
+"""Samples/s of dali_shards (each transfer: ``ring`` and ``merge``) vs DALI's native webdataset
+reader vs the plain #4892 workaround, over a range of worker counts.
 
-All three read the same shards with the same batch size, workers and threads, in one run, in two
-modes: bytes only (the encoded JPEG reaches Python, no decoding) and CPU decode + resize to 224x224.
-Loaders are measured in interleaved rounds (A B C A B C ...), each in a process of its own, so that
-machine noise hits all of them alike; each figure is the median over rounds. Prints a table and
-writes JSON. (``compare.py`` adds webdataset + DataLoader, DALI Proxy, memory and an audit;
-``--map-cost`` adds what ``map=`` costs, see ``map_cost.py``.)
+All read the same shards with the same batch size and threads, in one run, in two modes: bytes only
+(the encoded JPEG reaches Python, no decoding), at every worker count of ``--workers``, and CPU
+decode + resize to 224x224, at ``--decode-workers``. Each configuration runs in a process of its
+own, in interleaved rounds (A B C ... then ... C B A), so that machine noise hits all of them alike;
+each figure is the median over rounds. Reported per configuration: samples/s, time to the first
+batch (from the pipeline's construction), the main process's CPU per step (all its threads; and
+its main thread alone), peak memory (PSS of the process and its workers) and the shared memory
+the main process maps. Prints a table and writes JSON. (``compare.py`` adds webdataset +
+DataLoader, DALI Proxy and an audit; ``--map-cost`` adds what ``map=`` costs, see ``map_cost.py``;
+``--image-check-cost`` the worker-side image check's.)
 
-    python benchmarks/throughput.py --samples 8192 --batch-size 256 --workers 2
+    python benchmarks/throughput.py --samples 8192 --batch-size 256 --workers 1,2,4,8
 """
 
 from __future__ import annotations
@@ -18,126 +23,154 @@ import os
 import platform
 import statistics
 import sys
+from typing import Dict, List, NamedTuple, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from harness import bench_dir, child_main, run_child  # noqa: E402
 
-LOADERS = ("dali_shards", "native_webdataset", "plain_4892")
-CHECK_OFF = "dali_shards, image_check=off"  # the worker-side image check's cost: the same loader without it
+TRANSFERS = ("ring", "merge")
+CHECK_OFF = "ring, image_check=off"  # the worker-side image check's cost: the same loader without it
+FIGURES = ("samples_per_s", "first_batch_s", "main_process_cpu_ms_per_step", "main_thread_cpu_ms_per_step",
+           "peak_memory_mb", "shared_memory_mb")  # fmt: skip
+
+
+class Run(NamedTuple):
+    """One configuration: its label, the harness's loader, options, mode and workers."""
+
+    label: str
+    loader: str
+    options: Dict
+    mode: str
+    workers: int
+
+
+def configurations(args) -> List[Run]:
+    """Every configuration measured (see the module)."""
+    runs: List[Run] = []
+    for mode in [m for m in args.modes.split(",") if m]:
+        counts = args.workers if mode == "bytes" else [args.decode_workers]
+        for n in counts:
+            runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in TRANSFERS]
+        runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
+        runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
+        if args.image_check_cost:
+            runs.append(Run(CHECK_OFF, "dali_shards", {"image_check": "off"}, mode, args.decode_workers))
+    return runs
+
+
+def measure(args, run: Run) -> Dict:
+    cmd = ["--child", "throughput", "--loader", run.loader, "--options", json.dumps(run.options), "--mode",
+           run.mode, "--data-dir", args.data_dir, "--samples", str(args.samples), "--batch-size",
+           str(args.batch_size), "--workers", str(run.workers), "--threads", str(args.threads), "--epochs",
+           str(args.epochs)]  # fmt: skip
+    if args.device_id is not None:
+        cmd += ["--device-id", str(args.device_id)]
+    result = run_child(os.path.abspath(__file__), cmd, timeout=1800)
+    if "error" in result:
+        raise SystemExit(f"{run} failed: {result['error']}")
+    print(f"  {run.mode:6} {run.label:24} {run.workers} workers: {result['samples_per_s']:9.0f} samples/s", flush=True)
+    return result
+
+
+def measure_all(args, runs: List[Run]) -> Dict[Tuple[str, str, int], Dict]:
+    """Every configuration in interleaved rounds (odd rounds in reverse order); medians."""
+    got: List[List[Dict]] = [[] for _ in runs]
+    order = list(range(len(runs)))
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+        for i in order if r % 2 == 0 else order[::-1]:
+            got[i].append(measure(args, runs[i]))
+    out = {}
+    for run, results in zip(runs, got):
+        figures = {k: statistics.median(x[k] for x in results) for k in FIGURES if k != "peak_memory_mb"}
+        figures["peak_memory_mb"] = max(x["peak_memory_mb"] for x in results)
+        figures["rounds"] = [x["samples_per_s"] for x in results]
+        out[(run.mode, run.label, run.workers)] = figures
+    return out
+
+
+def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, float]:
+    """The ratios the targets are stated in (all from this one run)."""
+    rate = lambda mode, label, n: results.get((mode, label, n), {}).get("samples_per_s")  # noqa: E731
+    out: Dict[str, float] = {}
+    for n in args.workers:
+        ring, merge, native = rate("bytes", "ring", n), rate("bytes", "merge", n), rate("bytes", "native_webdataset", args.workers[0])
+        if ring and merge:
+            out[f"bytes_ring_vs_merge_{n}_workers"] = ring / merge
+        if ring and native:
+            out[f"bytes_ring_vs_native_{n}_workers"] = ring / native
+    if rate("bytes", "ring", 8) and rate("bytes", "ring", 2):
+        out["bytes_ring_8_vs_2_workers"] = rate("bytes", "ring", 8) / rate("bytes", "ring", 2)
+    d = args.decode_workers
+    for label in TRANSFERS:
+        if rate("decode", label, d) and rate("decode", "native_webdataset", d):
+            out[f"decode_{label}_vs_native_{d}_workers"] = rate("decode", label, d) / rate("decode", "native_webdataset", d)
+    for mode in ("bytes", "decode"):
+        ring, native = results.get((mode, "ring", d)), results.get((mode, "native_webdataset", args.workers[0] if mode == "bytes" else d))
+        if ring and native:
+            out[f"{mode}_first_batch_ring_vs_native"] = ring["first_batch_s"] / native["first_batch_s"]
+        if (mode, CHECK_OFF, d) in results and ring:
+            out[f"{mode}_image_check_vs_off"] = ring["samples_per_s"] / results[(mode, CHECK_OFF, d)]["samples_per_s"]
+    if rate("bytes", "ring", d) and rate("bytes", "plain_4892", d):
+        out[f"bytes_ring_vs_plain_4892_{d}_workers"] = rate("bytes", "ring", d) / rate("bytes", "plain_4892", d)
+    return out
+
+
+def print_table(results: Dict[Tuple[str, str, int], Dict], ratios: Dict[str, float], header: str) -> None:
+    print()
+    print(header)
+    print(f"{'mode':7} {'loader':24} {'workers':>7} {'samples/s':>10} {'first s':>8} {'cpu ms/step':>11} "
+          f"{'main-thread ms':>14} {'peak MB':>8} {'shm MB':>7}")  # fmt: skip
+    for (mode, label, n), r in results.items():
+        print(f"{mode:7} {label:24} {n:7d} {r['samples_per_s']:10.0f} {r['first_batch_s']:8.2f} "
+              f"{r['main_process_cpu_ms_per_step']:11.1f} {r['main_thread_cpu_ms_per_step']:14.1f} "
+              f"{r['peak_memory_mb']:8.0f} {r['shared_memory_mb']:7.0f}")  # fmt: skip
+    print()
+    for name, value in ratios.items():
+        print(f"{name:40} {value:5.2f}x")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=8192, help="dataset size (a multiple of 512 x workers)")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=2, help="py_num_workers")
+    ap.add_argument("--workers", default="1,2,4,8", help="py_num_workers measured in bytes mode (comma-separated)")
+    ap.add_argument("--decode-workers", type=int, default=2, help="py_num_workers of the decode mode and the peers")
     ap.add_argument("--threads", type=int, default=2, help="DALI num_threads")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each runs every loader once")
-    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per loader and round (after a warm-up epoch)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each runs every configuration once")
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run (after a warm-up epoch)")
     ap.add_argument("--modes", default="bytes,decode")
     ap.add_argument("--device-id", type=int, default=None, help="GPU id for mixed decode (default: CPU only)")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     ap.add_argument("--map-cost", action="store_true", help="also measure map= (identity and JSON -> arrays)")
-    ap.add_argument(
-        "--image-check-cost",
-        action="store_true",
-        help=f"also measure dali_shards without its image check ('{CHECK_OFF}')",
-    )
+    ap.add_argument("--image-check-cost", action="store_true", help=f"also measure '{CHECK_OFF}'")
     args = ap.parse_args(argv)
-    if args.samples % (512 * args.workers):
-        ap.error("--samples must be a multiple of 512 x workers (the plain workaround needs equal shares)")
+    args.workers = [int(w) for w in args.workers.split(",")]
+    if any(args.samples % (512 * w) for w in args.workers + [args.decode_workers]):
+        ap.error("--samples must be a multiple of 512 x every worker count (the plain workaround needs equal shares)")
     from bench_data import build_bench_shards
 
     shards = build_bench_shards(bench_dir(args.data_dir, args.samples, 512), num_samples=args.samples)
     mean_kb = sum(os.path.getsize(p) for p in shards) / args.samples / 1024
-    results = {}
-    for mode in [m for m in args.modes.split(",") if m]:  # --modes '' measures only what --map-cost adds
-        print(f"measuring {mode} ...", flush=True)
-        names = LOADERS + ((CHECK_OFF,) if args.image_check_cost else ())
-        runs = {name: [] for name in names}
-        for _ in range(args.rounds):
-            for name in names:
-                cmd = [
-                    "--child",
-                    "throughput",
-                    "--loader",
-                    "dali_shards" if name == CHECK_OFF else name,
-                    "--options",
-                    json.dumps({"image_check": "off"} if name == CHECK_OFF else {}),
-                    "--mode",
-                    mode,
-                    "--data-dir",
-                    args.data_dir,
-                    "--samples",
-                    str(args.samples),
-                    "--batch-size",
-                    str(args.batch_size),
-                    "--workers",
-                    str(args.workers),
-                    "--threads",
-                    str(args.threads),
-                    "--epochs",
-                    str(args.epochs),
-                ]
-                if args.device_id is not None:
-                    cmd += ["--device-id", str(args.device_id)]
-                result = run_child(os.path.abspath(__file__), cmd, timeout=1800)
-                if "error" in result:
-                    raise SystemExit(f"{name} ({mode}) failed: {result['error']}")
-                runs[name].append(result)
-        results[mode] = {
-            name: {
-                "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
-                "rounds": [r["samples_per_s"] for r in rs],
-                "first_batch_s": statistics.median(r["first_batch_s"] for r in rs),
-                "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
-            }
-            for name, rs in runs.items()
-        }
-
-    def ratio(mode, other):
-        r = results.get(mode, {})
-        return r["dali_shards"]["samples_per_s"] / r[other]["samples_per_s"] if r and other in r else None
-
-    ratios = {
-        "decode_vs_native": ratio("decode", "native_webdataset"),
-        "bytes_vs_plain_4892": ratio("bytes", "plain_4892"),
-        "decode_vs_plain_4892": ratio("decode", "plain_4892"),
-        "bytes_vs_native": ratio("bytes", "native_webdataset"),
-    }
-    if args.image_check_cost:
-        ratios.update({f"{mode}_image_check_vs_off": ratio(mode, CHECK_OFF) for mode in results})
-    if args.map_cost:
-        from map_cost import measure_map_cost
-
-        map_report = measure_map_cost(os.path.abspath(__file__), args)
-        ratios.update({f"identity_map_cost_{w}_workers": c for w, c in map_report["identity_map_cost"].items()})
+    results = measure_all(args, configurations(args))
+    ratios = ratios_of(results, args)
     report = {
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "data": {"shards": len(shards), "samples": args.samples, "mean_kb_per_sample": round(mean_kb, 1)},
-        "results": results,
+        "results": [{"mode": m, "loader": label, "workers": n, **r} for (m, label, n), r in results.items()],
         "ratios": ratios,
     }
     if args.map_cost:
-        report["map"] = map_report
-    print()
-    print(
-        f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch {args.batch_size}, "
-        f"{args.workers} workers, {args.threads} threads, {os.cpu_count()} CPUs; median of {args.rounds} rounds, "
-        "each loader in its own process"
-    )
-    print(f"{'mode':8} {'loader':30} {'samples/s':>10} {'first batch s':>14}")
-    for mode, per_loader in results.items():
-        for name, r in per_loader.items():
-            print(f"{mode:8} {name:30} {r['samples_per_s']:10.0f} {r['first_batch_s']:14.2f}")
-    print()
-    for name, value in ratios.items():
-        if value:
-            print(f"{name:30} {value:5.2f}x")
+        from map_cost import measure_map_cost
+
+        report["map"] = measure_map_cost(os.path.abspath(__file__), args)
+    print_table(results, ratios, f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch "
+                f"{args.batch_size}, {args.threads} DALI threads, {os.cpu_count()} CPUs; median of {args.rounds} "
+                "interleaved rounds, each run in its own process")  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

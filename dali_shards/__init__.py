@@ -15,6 +15,7 @@ from dali_shards.errors import (
     ShardMapError,
     ShardError,
     ShardFormatError,
+    UnknownOptionError,
     WorkerError,
 )
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
@@ -77,4 +78,5 @@ __all__ = [
     "ShardAccessError",
     "ShardMapError",
     "WorkerError",
+    "UnknownOptionError",
 ]

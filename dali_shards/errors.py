@@ -15,6 +15,10 @@ class ConfigError(DaliShardsError, ValueError):
     """The loader was configured in a way that cannot work (batch sizes, fields, world size...)."""
 
 
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword that is neither an option, a DALI pipeline parameter nor the function's own."""
+
+
 class EmptyDatasetError(ConfigError):
     """The shards hold no samples (or too few for even one batch with ``last_batch="drop"``)."""
 

@@ -4,7 +4,7 @@
 ``@sharded_pipeline`` (or of the decorated factory's call) and then only read: each default is
 written here and nowhere else, and every range, type and combination is checked in
 ``__post_init__``, raising a ``ConfigError`` that names the option, the value given and what is
-allowed. ``last_batch``, ``on_error``, ``stale_manifest`` and ``image_check`` are ``StrEnum``s, so the strings
+allowed. ``last_batch``, ``on_error``, ``stale_manifest``, ``image_check`` and ``transfer`` are ``StrEnum``s, so the strings
 users pass (``"pad"``, ``"skip"``...) keep working and compare equal to the members.
 """
 
@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type
 from dali_shards.errors import ConfigError
 
 E = TypeVar("E", bound=Enum)
+MAX_EPOCH = (1 << 31) - 2  # the last epoch a pipeline can start or resume at (the control block's cut word)
 
 try:
     from enum import StrEnum
@@ -51,6 +52,13 @@ class StaleManifest(StrEnum):
 
     RAISE = "raise"  # refuse it with a ShardFormatError
     RESCAN = "rescan"  # count it again from its headers
+
+
+class Transfer(StrEnum):
+    """How the workers' samples reach DALI (see ``dali_shards.transfer``)."""
+
+    RING = "ring"  # the library's worker processes, a shared-memory ring each, one external source
+    MERGE = "merge"  # DALI's worker pool, a parallel external source per worker, merged by conditionals
 
 
 class ImageCheck(StrEnum):
@@ -197,6 +205,7 @@ class ShardedOptions:
     decoders: Optional[Mapping[str, Any]] = None
     bucket_by: Optional[Callable[..., Any]] = None
     bucket_window: int = 1024
+    transfer: Transfer = Transfer.RING
     storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
@@ -218,10 +227,12 @@ class ShardedOptions:
         if self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
             raise ConfigError(f"rank must be in 0..{self.world_size - 1} for world_size={self.world_size}, got {self.rank}")
         set_("start_epoch", _int("start_epoch", self.start_epoch, 0))
+        if self.start_epoch > MAX_EPOCH:
+            raise ConfigError(f"start_epoch must be at most {MAX_EPOCH}, got {self.start_epoch}")
         set_("samples_per_epoch", _int("samples_per_epoch", self.samples_per_epoch, 1, optional=True))
         set_("worker_timeout", _seconds("worker_timeout", self.worker_timeout, optional=True))
         for name, cls in (("last_batch", LastBatch), ("on_error", OnError), ("stale_manifest", StaleManifest),
-                          ("image_check", ImageCheck)):
+                          ("image_check", ImageCheck), ("transfer", Transfer)):
             set_(name, _enum(cls, name, getattr(self, name)))
         if self.resume_from is not None and not isinstance(self.resume_from, Mapping):
             raise ConfigError(

@@ -5,22 +5,47 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+from nvidia.dali import types
 from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.tensors import TensorListCPU
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-from dali_shards.plan.audit import EpochRecord, expected_indices, gather, summarize
+from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
 from dali_shards.world import check_same_plan, plan_summary
-from dali_shards.errors import ConfigError, WorkerError, from_worker
+from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
 from dali_shards.pipeline.decode_failure import decode_failure
 from dali_shards.pipeline.decorator import pipeline_info
-from dali_shards.pipeline.supervise import Watchdog, WorkerWatch, dead_workers, describe_exit, kill_workers, worker_pids
+from dali_shards.pipeline.supervise import Watchdog, describe_exit
+from dali_shards.transfer.merge.pool import first_batch_pending
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
+# unsigned types PyTorch's DALI plugin has no tensor type for, and the type that holds their values
+WIDENED = {types.DALIDataType.UINT16: np.int32, types.DALIDataType.UINT32: np.int64, types.DALIDataType.UINT64: np.int64}
+
+
+def torch_ready(out: Any, name: str) -> Any:
+    """``out`` (an output's batch), widened to a type PyTorch holds if it is uint16 (to int32), uint32
+    (to int64) or uint64 (to int64, if every value fits); a ConfigError naming the output if not."""
+    wide = WIDENED.get(out.dtype)
+    if wide is None:
+        return out
+    if not isinstance(out, TensorListCPU):
+        raise ConfigError(
+            f"output {name!r} is {out.dtype} on the GPU, which PyTorch cannot take: cast it in the pipeline "
+            "function, e.g. fn.cast(x, dtype=types.INT32) (INT64 for uint32 and uint64)"
+        )
+    arrays = [np.asarray(t) for t in out]
+    if out.dtype == types.DALIDataType.UINT64 and any(a.size and a.max() > np.iinfo(np.int64).max for a in arrays):
+        raise ConfigError(
+            f"output {name!r} is uint64 and holds values beyond int64, which PyTorch cannot take: return int64 "
+            "(or smaller) values from the map, or cast in the pipeline function"
+        )
+    return TensorListCPU([a.astype(wide) for a in arrays], out.layout())
 
 
 class DALIShardedIterator(DALIGenericIterator):
@@ -82,6 +107,12 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _attach(self, pipeline: Pipeline) -> None:
         self.info = pipeline_info(pipeline)
+        if getattr(pipeline, "_dali_shards_iterated", False):
+            raise ConfigError(
+                "this pipeline already feeds a DALIShardedIterator: a pipeline has one consumer. Make another "
+                "pipeline (call the @sharded_pipeline function again) for a second iterator, or reuse the first one"
+            )
+        pipeline._dali_shards_iterated = True
         if self.audit and self.info.streaming is not None:
             raise ValueError(
                 "audit=True checks exactly-once delivery, which the streaming mode (samples_per_epoch=) "
@@ -113,12 +144,18 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _watch(self, pipeline: Pipeline) -> None:
         """Watch the started workers: for death, and (with a control block) for a stop in progress."""
-        WorkerWatch.start(pipeline)
+        self.info.transfer.watch()
         control = getattr(self.info, "control", None)
         if control is not None:
             urls = [s.url for s in self.info.shards]
-            self._watchdog = Watchdog(control, worker_pids(pipeline), urls, self.info.rank)
+            self._watchdog = Watchdog(control, self.info.transfer.pids(), urls, self.info.rank)
             weakref.finalize(self, self._watchdog.stop)
+
+    def _get_outputs(self):
+        """DALI's outputs of the next batch, those PyTorch cannot take as they are made fit (see
+        ``torch_ready``)."""
+        outputs = DALIGenericIterator._get_outputs(self)
+        return [[torch_ready(out, name) for out, name in zip(outs, self.output_map)] for outs in outputs]
 
     @property
     def step(self) -> int:
@@ -197,9 +234,7 @@ class DALIShardedIterator(DALIGenericIterator):
         control = getattr(self.info, "control", None)
         if control is None:
             return None
-        depth = self._pipeline.prefetch_queue_depth
-        depth = max(depth.values()) if isinstance(depth, dict) else int(depth)
-        end = delivered + depth + control.worker_prefetch + 1
+        end = delivered + self.info.transfer.in_flight(self._pipeline)
         if end >= steps:
             return None
         control.cut(self.epoch, end)
@@ -230,7 +265,7 @@ class DALIShardedIterator(DALIGenericIterator):
             ranks, expected = [self._record.as_tuple()], expected_indices(plan, lengths, self.info.rank)
         else:
             expected = expected_indices(plan, lengths)
-        report = summarize(self.epoch, ranks, expected)
+        report = summarize(self.epoch, ranks, expected, lost_shards(self.info.shards))
         report["rank"] = self.info.rank if len(ranks) == 1 else None
         self.audits.append(report)
         if not report["exactly_once"]:
@@ -242,9 +277,12 @@ class DALIShardedIterator(DALIGenericIterator):
 
         A worker that died is looked for before the call too: DALI would block forever handing
         the dead worker its next task (its queue's lock dies with it)."""
-        dead = dead_workers(self._pipeline)
+        transfer = self.info.transfer
+        if self.info.control is not None:
+            self.info.control.unlink_once_attached()
+        dead = transfer.dead()
         if dead:
-            kill_workers(self._pipeline)
+            transfer.kill()
             raise self._worker_error(dead)
         if self._watchdog is not None:
             self._watchdog.begin()
@@ -252,17 +290,20 @@ class DALIShardedIterator(DALIGenericIterator):
             return call()
         except StopIteration:
             raise
-        except Exception as exc:  # DALI re-raises worker errors as plain Exception/RuntimeError
-            dead = dead_workers(self._pipeline)
-            kill_workers(self._pipeline)
-            ours = from_worker(exc) or decode_failure(exc, self.info, self.epoch, self._fetching_step())
+        except DaliShardsError:  # a worker's error, as it was raised there (the ring carries it whole)
+            transfer.kill()
+            raise
+        except Exception as exc:  # the merge transfer's DALI re-raises worker errors as plain exceptions
+            dead = transfer.dead()
+            transfer.kill()
+            ours = transfer.translate(exc) or decode_failure(exc, self.info, self.epoch, self._fetching_step())
             if ours is not None:
                 raise ours from exc
-            if dead or "Worker data receiving interrupted" in str(exc):
-                raise self._worker_error(dead) from exc
+            if dead or transfer.lost_worker(exc):
+                raise self._worker_error(transfer.dead() or dead) from exc
             raise
         except BaseException:  # Ctrl-C, SIGTERM (see supervise), SystemExit: exit must not wait on workers
-            kill_workers(self._pipeline)
+            transfer.kill()
             raise
         finally:
             if self._watchdog is not None:
@@ -270,7 +311,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _fetching_step(self) -> int:
         """The step of the batch a DALI call in progress fetches (the first batch is fetched ahead)."""
-        return self._step + (1 if getattr(self, "_first_batch", None) is not None else 0)
+        return self._step + (1 if first_batch_pending(self) else 0)
 
     def _worker_error(self, dead) -> WorkerError:
         reason = self._watchdog.reason if self._watchdog is not None else None

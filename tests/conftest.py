@@ -46,3 +46,10 @@ def pytest_sessionfinish(session, exitstatus):
     if getattr(session.config, "_dali_shards_unit_only", False) and "nvidia.dali" in sys.modules:
         print("\nERROR: a unit test imported nvidia.dali; unit tests must not need DALI", file=sys.stderr)
         session.exitstatus = 1
+
+
+@pytest.fixture(params=("ring", "merge"))
+def transfer(request):
+    """Each transfer: tests of the core contract (exactly once, resume, faults) take this fixture,
+    so that they run on both; every other test runs on the default (``"ring"``)."""
+    return request.param

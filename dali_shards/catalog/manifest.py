@@ -8,19 +8,22 @@ lies, so that a worker can read any run of samples with one positioned or ranged
     {"format": "dali-shards-manifest", "version": 2,
      "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
                  "ext_bytes": {"cls": 3000, "jpg": 104000000},
-                 "sample_blocks": "215 198 240 ..."}, ...]}
+                 "sample_blocks": "215 198 240 ...", "key_crc32": "q3Lx..."}, ...]}
 
 ``sample_blocks`` lists, for each sample, the 512-byte tar blocks from where its headers begin to
 where the next sample's begin (the last sample's: to the end-of-archive marker); the first sample
-begins at byte 0. Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
+begins at byte 0. ``key_crc32`` (optional) holds each sample's key fingerprint, the CRC-32 of its
+key, as the base64 of little-endian uint32s: a worker that reads a sample checks its key against
+it, so that a shard rewritten with other samples at the same places (same size) is caught. Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
 ``bytes`` an integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or
 absent, ``sample_blocks`` one positive integer per sample that fit in ``bytes``, or absent,
-``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
+``key_crc32`` one fingerprint per sample, or absent, ``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
 the manifest, the entry and the field. Version 1 manifests (without ``sample_blocks``) are read.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -38,7 +41,7 @@ from dali_shards.io.fsrequest import probe, unreachable
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarscan import ShardStats, scan_tar
+from dali_shards.io.tarscan import ShardStats, key_fingerprints, scan_tar
 from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")
@@ -46,19 +49,26 @@ log = logging.getLogger("dali_shards")
 MANIFEST_FORMAT = "dali-shards-manifest"
 MANIFEST_VERSION = 2
 BLOCK = 512
+MAX_BYTES = 1 << 62  # no shard is larger: offsets beyond are a corrupt manifest
 
 
 @dataclass(frozen=True)
 class ShardInfo:
     """A shard's URL, its number of samples, its stored size in bytes, the bytes of its members
     per extension, and ``offsets``: where each sample's headers begin and where the last one ends
-    (``samples + 1`` byte offsets, int64; uncompressed shards only) -- each when known."""
+    (``samples + 1`` byte offsets, int64; uncompressed shards only), and ``key_crc``, each sample's
+    key fingerprint (``io.tarscan.key_fingerprint``, uint32) -- each when known. A damaged
+    shard counted with ``on_error="skip"`` says why in ``damage``, and how many samples are known
+    lost in ``lost`` (at least; those after the damage cannot be counted)."""
 
     url: str
     samples: int
     bytes: Optional[int] = None
     ext_bytes: Optional[Dict[str, int]] = field(default=None, hash=False)
     offsets: Optional[np.ndarray] = field(default=None, hash=False, compare=False, repr=False)
+    key_crc: Optional[np.ndarray] = field(default=None, hash=False, compare=False, repr=False)
+    damage: Optional[str] = field(default=None, compare=False)  # why only ``samples`` could be counted
+    lost: int = field(default=0, compare=False)  # with ``damage``: samples known lost (more may be)
 
     @staticmethod
     def offsets_from(values: Optional[Sequence[int]]) -> Optional[np.ndarray]:
@@ -119,12 +129,15 @@ def scan_shard(url: str, on_error: str = option_default("on_error"), config: Sto
             if OnError(on_error) is OnError.RAISE:
                 raise
             cached = _readable_prefix(url, config)
+            cached.damage = cached.damage or (getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}")
             log.warning("dali_shards: shard %s is damaged (%s); using its first %d samples", url, exc, cached.samples)
             key = None  # do not cache a damaged shard's count
         if key:
             with _scan_lock:
                 _scan_cache[key] = cached
-    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes), ShardInfo.offsets_from(cached.offsets))
+    offsets = ShardInfo.offsets_from(cached.offsets)
+    keys = key_fingerprints(cached.keys)
+    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes), offsets, keys, cached.damage, cached.lost)
 
 
 def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardStats:
@@ -248,7 +261,24 @@ def _entry(path: str, i: int, entry: object) -> ShardInfo:
     ):
         raise bad("ext_bytes", "a mapping of extensions to byte counts (integers >= 0) or absent")
     offsets = _offsets(entry.get("sample_blocks"), entry["samples"], size, bad)
-    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes), offsets)
+    keys = _key_crc(entry.get("key_crc32"), entry["samples"], bad)
+    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes), offsets, keys)
+
+
+def _key_crc(text: object, samples: int, bad) -> Optional[np.ndarray]:
+    """The key fingerprints ``key_crc32`` stands for (see the module), checked."""
+    if text is None:
+        return None
+    what = f"the base64 of {samples} little-endian uint32 key fingerprints, or absent"
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
+    except ValueError:
+        raise bad("key_crc32", what) from None
+    if not isinstance(text, str) or len(raw) != 4 * samples:
+        raise bad("key_crc32", what)
+    array = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
+    array.setflags(write=False)
+    return array
 
 
 def _offsets(blocks: object, samples: int, size: Optional[int], bad) -> Optional[np.ndarray]:
@@ -262,8 +292,10 @@ def _offsets(blocks: object, samples: int, size: Optional[int], bad) -> Optional
         counts = np.array(blocks.split(), dtype=np.int64)
     except (ValueError, OverflowError):
         raise bad("sample_blocks", what) from None
+    if len(counts) != samples or (counts < 1).any() or float(counts.sum(dtype=np.float64)) * BLOCK >= MAX_BYTES:
+        raise bad("sample_blocks", what)  # (a sum beyond MAX_BYTES could wrap around in int64)
     ends = np.cumsum(counts) * BLOCK
-    if len(counts) != samples or (counts < 1).any() or (size is not None and len(ends) and ends[-1] > size):
+    if size is not None and len(ends) and ends[-1] > size:
         raise bad("sample_blocks", what)
     return ShardInfo.offsets_from(np.concatenate([[0], ends]))
 
@@ -293,6 +325,8 @@ def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOption
             entry["ext_bytes"] = {k: int(v) for k, v in sorted(s.ext_bytes.items())}
         if s.offsets is not None and s.samples:
             entry["sample_blocks"] = sample_blocks(s.offsets)
+        if s.key_crc is not None and s.samples and len(s.key_crc) == s.samples:
+            entry["key_crc32"] = base64.b64encode(np.asarray(s.key_crc, dtype="<u4").tobytes()).decode("ascii")
         entries.append(entry)
     doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
     if remote:

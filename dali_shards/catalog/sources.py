@@ -1,10 +1,15 @@
 """Turning a user's ``source`` into the ordered list of shards with their sample counts.
 
 ``source`` may be a brace pattern (``data/train-{000000..000127}.tar``), a glob
-(``data/train-*.tar``), a manifest (``data/manifest.json``), a directory (its tar shards), or a
-list of any of these, paths and URLs (``s3://``, ``gs://``, ``http(s)://``... through fsspec).
-The order given is the *canonical* order that ``__index__`` counts in (globs and directories sort
-by name).
+(``data/train-*.tar``), a manifest (``data/manifest.json``), a directory (the shards its
+``manifest.json`` lists; without one, its tar shards), or a list of any of these, paths and URLs
+(``s3://``, ``gs://``, ``http(s)://``... through fsspec). The order given is the *canonical* order
+that ``__index__`` counts in (globs and directories sort by name).
+
+A directory with a ``manifest.json`` is read as that manifest: tar files there that it does not
+list (left over from an earlier write) are left out, with one warning naming them. A local glob or
+brace pattern that matches shards the ``manifest.json`` beside them does not list is read as
+matched, with a warning naming those shards.
 
 Local shards without a manifest are counted by a header scan. Remote shards are never scanned
 per run: their counts come from a manifest, given or found beside them (``manifest.json``, as
@@ -102,6 +107,7 @@ def resolve_source(
         text = os.fspath(item)
         listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
         where = f"item {n} of the source list" if listed else "source"
+        text = folder_manifest(text) or text
         if is_manifest(text):
             for i, info in enumerate(read_manifest(text, config)):
                 manifested.append(len(shards))
@@ -109,6 +115,7 @@ def resolve_source(
                 shards.append(info)
             continue
         urls = expand_pattern(text, config)
+        _warn_unlisted(text, urls, config)
         for k, url in enumerate(urls):
             if is_remote(url):
                 remote.append((len(shards), url, text))
@@ -126,6 +133,58 @@ def resolve_source(
     if not shards:
         raise ConfigError(f"source {source!r} names no shards")
     return shards
+
+
+def folder_manifest(item: str) -> Optional[str]:
+    """The ``manifest.json`` of a local directory source, if it has one; warns (once) about the
+    tar files there that the manifest does not list, which are then not read."""
+    path = local_path(item)
+    if path is None or not os.path.isdir(path) or not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        return None
+    manifest = os.path.join(path, MANIFEST_NAME)
+    listed = {_identity(info.url) for info in read_manifest(manifest)}
+    found = sorted(n for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
+    unlisted = [n for n in found if _identity(os.path.join(path, n)) not in listed]
+    if unlisted:
+        log.warning(
+            "dali_shards: directory %r: reading the %d shard(s) its %s lists; %d tar file(s) there are not listed "
+            "and are left out: %s. Remove them, or run `dali-shards index` on the shards you mean to read",
+            item, len(listed), MANIFEST_NAME, len(unlisted), _names(unlisted),
+        )  # fmt: skip
+    return manifest
+
+
+def _warn_unlisted(pattern: str, urls: Sequence[str], config: StorageOptions) -> None:
+    """Warn when local shards matched by a glob or brace pattern are missing from the
+    ``manifest.json`` beside them (a stale manifest, or files left over from an earlier write)."""
+    if urls == [pattern]:
+        return
+    by_folder: Dict[str, List[str]] = {}
+    for url in urls:
+        path = local_path(url)
+        if path is not None:
+            by_folder.setdefault(os.path.dirname(os.path.abspath(path)), []).append(url)
+    for folder, matched in by_folder.items():
+        manifest = os.path.join(folder, MANIFEST_NAME)
+        if not os.path.isfile(manifest):
+            continue
+        try:
+            listed = {_identity(info.url) for info in read_manifest(manifest, config)}
+        except ConfigError:  # not ours to check here: the pattern is read without it
+            continue
+        unlisted = [u for u in matched if _identity(u) not in listed]
+        if unlisted:
+            log.warning(
+                "dali_shards: pattern %r matches %d shard(s) that %s beside them does not list: %s. They are read "
+                "(counted from their headers); if they are left over from an earlier write, remove them, or give "
+                "the manifest (or the directory) as the source to read what it lists",
+                pattern, len(unlisted), manifest, _names([os.path.basename(u) for u in unlisted]),
+            )  # fmt: skip
+
+
+def _names(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _count_remote(

@@ -4,40 +4,47 @@ A remote shard read from its first byte to its last is copied (by the reading th
 chunks arrive) into a temporary file in ``cache_dir`` and renamed into place when complete and
 its size confirmed (by the server, or by the manifest the server's size was checked against);
 later epochs open the local copy. Partial reads and copies of unconfirmed size leave nothing
-behind. Several workers and processes may share one directory: entries appear atomically and
-eviction is serialised by a lock file.
+behind. Several workers and processes may share one directory: entries appear atomically, and
+reservations and eviction are serialised by a lock file.
+
+``limit`` holds at every moment, the copies being written included: a copy's full size is
+reserved when it starts (its size from the manifest, or else from the server's first answer), as
+a temporary file allocated to that size on disk, so that every process sharing the directory
+counts it; the least recently used complete entries are evicted to make room. A copy that cannot
+fit (larger than the limit, or the room taken by copies being written) is not made: the shard is
+read without one. Under a limit, a copy whose size is unknown when its first bytes arrive is not
+made either; a copy that would grow past its reserved size is abandoned.
 
 Temporary files are named after their host, process and thread. Those of processes that no
 longer run on this host (a killed worker's) are removed when a process opens the cache and
-whenever a copy is admitted; those of live processes count towards ``limit``.
+whenever a copy is reserved; those of live processes count towards ``limit``.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
 import os
 import re
-import socket
-import threading
-from typing import List, Optional, Tuple
+from typing import BinaryIO, List, Optional, Tuple
 
-from dali_shards.io.remote import Tee
+from dali_shards.io.cachewriter import HOST, CacheWriter, _remove
 from dali_shards.processes import pid_alive
 
 log = logging.getLogger("dali_shards")
 
 _SUFFIX = ".shard"
-_HOST = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "host"
-# <entry>.<host>.<pid>.<thread>.tmp; without the host: written by an earlier version, on this host
-_TEMP = re.compile(r"\.shard\.(?:([A-Za-z0-9_-]+)\.)?(\d+)\.(\d+)\.tmp$")
+# <entry>.<host>.<pid>.<thread>-<serial>.tmp; without the host or the serial: written by an earlier
+# version (without the host: on this host)
+_TEMP = re.compile(r"\.shard\.(?:([A-Za-z0-9_-]+)\.)?(\d+)\.(\d+)(?:-\d+)?\.tmp$")
 
 
 def _stale(name: str) -> bool:
     """A temporary file left by a process of this host that no longer runs."""
     m = _TEMP.search(name)
-    return m is not None and m.group(1) in (None, _HOST) and not pid_alive(int(m.group(2)))
+    return m is not None and m.group(1) in (None, HOST) and not pid_alive(int(m.group(2)))
 
 
 class ShardCache:
@@ -78,11 +85,13 @@ class ShardCache:
             return None
         return path
 
-    def writer(self, url: str, size: Optional[int] = None) -> Optional["CacheWriter"]:
-        """A tee that stores ``url`` as it is read, or None if it cannot fit in the cache."""
+    def writer(self, url: str, size: Optional[int] = None) -> Optional[CacheWriter]:
+        """A tee that stores ``url`` as it is read, its ``size`` reserved now (when not known: when
+        the first answer tells it); None if it cannot fit in the cache (see the module)."""
         if self.limit is not None and size is not None and size > self.limit:
             return None
-        return CacheWriter(self, url, size)
+        w = CacheWriter(self, url, size)
+        return None if size is not None and w.reserved is None else w
 
     def _lock(self):
         fd = os.open(os.path.join(self.directory, ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
@@ -138,16 +147,43 @@ class ShardCache:
         """Bytes held: the cached shards and the copies being written."""
         return sum(size for _, size, _ in self.entries()) + self.writing()
 
+    def reserve(self, tmp: str, size: int) -> Optional[BinaryIO]:
+        """A new temporary file ``tmp`` (open for writing) holding ``size`` bytes of room, allocated
+        on disk where the file system can, after evicting the least recently used entries beyond the
+        limit; None if the copy cannot fit. ``OSError`` if the file cannot be made."""
+        fd = self._lock()
+        try:
+            if self.limit is not None and not self._make_room(size):
+                return None
+            return _preallocated(tmp, size)
+        finally:
+            os.close(fd)
+
+    def _make_room(self, size: int) -> bool:
+        """Evict the least recently used entries until they, the copies being written and ``size``
+        fit in the limit (nothing if they cannot fit even so); whether they fit. Under the lock."""
+        self.remove_stale_temps()
+        entries = sorted(self.entries())
+        writing = self.writing()
+        if writing + size > self.limit:
+            return False
+        total = sum(e_size for _, e_size, _ in entries) + writing + size
+        for _, e_size, path in entries:
+            if total <= self.limit:
+                break
+            _remove(path)
+            total -= e_size
+        return total <= self.limit
+
     def _admit(self, tmp: str, url: str) -> str:
-        """Move a complete copy into place, evicting the least recently used beyond the limit
-        (copies being written count); returns its path."""
+        """Move a complete copy into place (its room was reserved; the least recently used beyond
+        the limit are evicted, should there be any); returns its path."""
         fd = self._lock()
         try:
             final = self.path_for(url)
             os.replace(tmp, final)
             if self.limit is None:
                 return final
-            self.remove_stale_temps()
             entries = sorted(self.entries())
             total = sum(size for _, size, _ in entries) + self.writing()
             for _, size, path in entries:
@@ -161,92 +197,20 @@ class ShardCache:
             os.close(fd)
 
 
-class CacheWriter(Tee):
-    """Copies a stream's chunks into a temporary file, admitted to the cache when complete and of
-    the confirmed size (``size``: as known when the read began, e.g. from the manifest)."""
-
-    def __init__(self, cache: ShardCache, url: str, size: Optional[int]):
-        self.cache = cache
-        self.url = url
-        self.size = size
-        self._lock = threading.Lock()
-        self._tmp = f"{cache.path_for(url)}.{_HOST}.{os.getpid()}.{threading.get_ident()}.tmp"
-        self._file = None
-        self._written = 0
-        self._done = False
-        self._admitted: Optional[str] = None
-
-    def write(self, offset: int, data: bytes) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if offset != self._written:
-                self._fail()
-                return
-            try:
-                if self._file is None:
-                    self._file = open(self._tmp, "wb")
-                self._file.write(data)
-                self._file.flush()  # its size on disk counts towards the limit
-                self._written += len(data)
-            except OSError as exc:
-                log.warning("dali_shards: cannot cache %s (%s)", self.url, exc)
-                self._fail()
-
-    def complete(self, size: Optional[int] = None) -> None:
-        """The stream reached the end; ``size`` is the object's size as the server confirmed it
-        (None: only the size known at the start, if any, confirms it)."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            confirmed = size if size is not None else self.size
-            if self._file is None or confirmed is None or self._written != confirmed:
-                if self._file is not None:
-                    log.warning(
-                        "dali_shards: not caching %s: %d bytes read, the server's size is %s",
-                        self.url,
-                        self._written,
-                        "unknown" if confirmed is None else confirmed,
-                    )
-                self._discard()
-                return
-            try:
-                self._file.close()
-                self._admitted = self.cache._admit(self._tmp, self.url)
-            except OSError as exc:
-                log.warning("dali_shards: cannot cache %s (%s)", self.url, exc)
-                _remove(self._tmp)
-
-    def abandon(self) -> None:
-        with self._lock:
-            if not self._done:
-                self._fail()
-
-    def withdraw(self) -> None:
-        """Reading the shard failed: keep no copy of it (abandoned, or evicted if admitted)."""
-        with self._lock:
-            if not self._done:
-                self._fail()
-            elif self._admitted is not None:
-                self.cache.evict(self.url)
-                self._admitted = None
-
-    def _fail(self) -> None:
-        self._done = True
-        self._discard()
-
-    def _discard(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-        _remove(self._tmp)
-
-
-def _remove(path: str) -> None:
+def _preallocated(path: str, size: int) -> BinaryIO:
+    """A new file at ``path``, open for writing from its start, ``size`` bytes long (allocated on
+    disk; only its size set where the file system cannot allocate)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     try:
-        os.remove(path)
-    except OSError:
-        pass
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                os.ftruncate(fd, size)  # no allocation here: the size still shows the reservation
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        _remove(path)
+        raise

@@ -1,17 +1,29 @@
 """One request to an fsspec filesystem: bounded in time (:func:`timed`), and what its failure
-means (retry or not, the server unreachable, the shard not the size its manifest says)."""
+means (retry or not, the server unreachable, the shard not the size its manifest says); a range
+asked of a store without streaming reads in pieces that complete in time (:func:`read_pieces`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
-from typing import Any, Callable, Optional
+import time
+from typing import Any, Callable, Dict, Optional
 from urllib.parse import urlparse
 
 from dali_shards.errors import ShardAccessError, ShardFormatError
 
+log = logging.getLogger("dali_shards")
+
+
+class Cancelled(Exception):
+    """The caller no longer needs the bytes being fetched."""
+
+
 _NOT_RETRIED = (400, 401, 403, 404, 405, 410, 416)
+MIN_PIECE = 64 << 10
+_pieces: Dict[int, int] = {}  # per filesystem: the request size that completes within the timeout
 
 
 def http_status(exc: BaseException) -> Optional[int]:
@@ -162,3 +174,40 @@ def timed(fs: Any, method: str, timeout: float, *args: Any, **kwargs: Any) -> An
         return sync(fs.loop, coro, *args, timeout=timeout, **kwargs)
     except (TimeoutError, asyncio.TimeoutError):  # fsspec's FSTimeoutError (one class since Python 3.11)
         raise TimeoutError(f"no answer within {timeout:g} s") from None
+
+
+def read_pieces(
+    fs: Any, path: str, pos: int, stop: int, sink: Any, config: Any, url: str, cancelled: Callable[[], bool]
+) -> Optional[bytes]:
+    """Bytes ``[pos, stop)`` of ``path`` from a store with no streaming range read (``cat_file``,
+    each within ``config.request_timeout``), added to ``sink`` (``sink.add(data)``) piece by piece,
+    fewer where an answer is short; returned instead where ``sink`` is empty (``sink.filled``) and
+    one answer holds them all. A piece that times out is asked again as half (down to
+    ``MIN_PIECE``, the size remembered per filesystem; the ``TimeoutError`` goes to the caller, a
+    failed attempt), and the size doubles again, up to ``chunk_size``, after pieces done within a
+    quarter of the timeout. ``Cancelled`` when ``cancelled()`` says so."""
+    chunk_size, timeout = config.chunk_size, config.request_timeout
+    while pos < stop:
+        if cancelled():
+            raise Cancelled()
+        piece = _pieces.get(id(fs), chunk_size)
+        hi = min(stop, pos + piece)
+        began = time.monotonic()
+        try:
+            data = timed(fs, "cat_file", timeout, path, start=pos, end=hi)
+        except TimeoutError:
+            if hi - pos > MIN_PIECE:
+                _pieces[id(fs)] = max(MIN_PIECE, (hi - pos) // 2)
+                log.warning("dali_shards: %s: asking for %d bytes at a time", url, _pieces[id(fs)])
+            raise
+        if time.monotonic() - began < timeout / 4 and hi - pos == piece < chunk_size:
+            _pieces[id(fs)] = min(chunk_size, piece * 2)
+        if len(data) > hi - pos:
+            raise OSError(f"asked for {hi - pos} bytes at {pos}, got {len(data)}")
+        if not sink.filled and hi == stop and len(data) == stop - pos:
+            return data
+        sink.add(data)
+        if len(data) < hi - pos:
+            return None
+        pos = hi
+    return None

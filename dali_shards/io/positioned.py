@@ -57,8 +57,8 @@ def sample_in_span(
     lo, hi = span
     if len(data) != hi - lo:
         raise ShardFormatError(
-            url, f"sample {position} should lie in bytes {lo}-{hi - 1}, but the shard ends at byte {lo + len(data)}",
-            hint=_STALE_HINT,
+            url, f"sample {position} should lie in bytes {lo}-{hi - 1}, but only {len(data)} of those bytes could be "
+            f"read (the shard, or the answer to the request for them, ends at byte {lo + len(data)})", hint=_STALE_HINT,
         )  # fmt: skip
     reader = TarReader(_SpanBytes(data, lo), url, span=span, first=position, size=hi)
     try:
@@ -90,6 +90,7 @@ class LocalFiles:
     def __init__(self, max_open: Optional[int] = None):
         self.max_open = max_open or _open_limit()
         self._files: "OrderedDict[str, BinaryIO]" = OrderedDict()
+        self._sizes: dict = {}
 
     def read(self, url: str, path: str, span: Tuple[int, int], size: Optional[int] = None) -> bytes:
         """Bytes ``span`` of the file at ``path`` (shard ``url``; fewer only at its end)."""
@@ -97,11 +98,19 @@ class LocalFiles:
         if f is None:
             f = open_local(path, url, size)
             self._files[path] = f
+            self._sizes[path] = os.fstat(f.fileno()).st_size
             while len(self._files) > self.max_open:
-                self._files.popitem(last=False)[1].close()
+                old, closing = self._files.popitem(last=False)
+                closing.close()
+                self._sizes.pop(old, None)
         else:
             self._files.move_to_end(path)
         lo, hi = span
+        if hi > self._sizes[path]:  # never allocate more than the file holds (a bad or stale index)
+            raise ShardFormatError(
+                url, f"a sample's span, bytes {lo}-{hi - 1}, lies beyond the end of the file, which has "
+                f"{self._sizes[path]} bytes: the shard is not what its index (manifest or scan) says", hint=_STALE_HINT,
+            )  # fmt: skip
         try:
             data = os.pread(f.fileno(), hi - lo, lo)
             while len(data) < hi - lo:
@@ -116,3 +125,4 @@ class LocalFiles:
     def close(self) -> None:
         while self._files:
             self._files.popitem()[1].close()
+        self._sizes.clear()

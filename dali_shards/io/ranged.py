@@ -12,6 +12,11 @@
   of ``timeout``. Every timeout counts as a failed attempt.
 - metadata requests (sizes) and whole small objects (manifests): each within ``timeout``.
 
+A read's bytes arrive in one buffer of the size asked, filled in place. Over HTTP a server may
+ignore ``Range`` and answer with the whole object (see ``httpget``, ``rangesupport``): the bytes
+before the range are dropped, and a stream reading the object on keeps that answer for its next
+read rather than asking again.
+
 The object's size comes from the server (an answer's ``Content-Range`` over HTTP; elsewhere a
 metadata request, made alongside the first read and once per process for each object) and is
 compared with the size the caller expects (a manifest's ``bytes``): a difference is a
@@ -25,110 +30,62 @@ URL, and, when the server could not be reached at all, its host and port.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
-from dali_shards.io.fsrequest import access_error, answer_status, permanent, stale_error, timed
+from dali_shards.io.fsrequest import Cancelled, access_error, answer_status, permanent, read_pieces, stale_error, timed
+from dali_shards.io.httpget import HTTPBody
+from dali_shards.io.rangesupport import ignores_range
 
 if TYPE_CHECKING:
     from dali_shards.options import StorageOptions
 
 log = logging.getLogger("dali_shards")
 
-MIN_PIECE = 64 << 10
-_HTTP_READ = 1 << 20  # bytes asked of a streamed body at a time (it returns what has arrived)
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-\d+/(\d+|\*)")
-_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)")
-_pieces: Dict[int, int] = {}  # per filesystem: the request size that completes within the timeout
 _confirmed: Dict[Tuple[str, int], bool] = {}  # (URL, size) the server confirmed in this process
 
 
-class Cancelled(Exception):
-    """The stream no longer needs the bytes being fetched."""
+class _Filling:
+    """Bytes ``[start, start + size)`` of an object, filled in place: one buffer of the size asked,
+    allocated when the first bytes arrive (never grown, so never copied); cut to what arrived."""
 
+    def __init__(self, start: int, size: int):
+        self.start, self.size, self.filled = start, size, 0
+        self.buffer: Optional[bytearray] = None
 
-async def _http_get(reader: "RangeReader", start: int, end: int, sink: bytearray, cancelled: Callable[[], bool]):
-    """Stream bytes ``[start, end)`` into ``sink`` as they arrive; tell ``reader`` the object's size
-    as soon as the answer says it. ``TimeoutError`` when no byte comes for ``timeout`` s."""
-    fs, timeout = reader.fs, reader.config.request_timeout
-    session = await fs.set_session()
-    kw = dict(fs.kwargs)
-    headers = dict(kw.pop("headers", None) or {})
-    headers.update({"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
-    try:
-        r = await asyncio.wait_for(session.get(fs.encode_url(reader.path), headers=headers, **kw), timeout)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"no answer within {timeout:g} s") from None
-    finished = False
-    try:
-        skip = _check_answer(reader, r, start)
-        total = reader.known_size()
-        want = end - start if total is None else min(end, total) - start
-        got = 0
-        while got < want:
-            if cancelled():
-                raise Cancelled()
-            try:
-                data = await asyncio.wait_for(r.content.read(_HTTP_READ), timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"no bytes for {timeout:g} s ({got} of {want} received)") from None
-            if not data:
-                break
-            if skip:
-                cut, skip = min(skip, len(data)), skip - min(skip, len(data))
-                data = data[cut:]
-            data = data[: want - got]
-            sink += data
-            got += len(data)
-        finished = r.content.at_eof()
-    finally:
-        if finished:
-            r.release()  # the connection can serve the next request
-        else:
-            r.close()
+    def room(self, stop: int) -> memoryview:
+        """The part of the buffer for bytes ``[start + filled, stop)`` (release it after use)."""
+        if self.buffer is None:
+            self.buffer = bytearray(self.size)
+        return memoryview(self.buffer)[self.filled : stop - self.start]
 
+    def add(self, data: bytes) -> None:
+        with self.room(self.start + self.filled + len(data)) as view:
+            view[:] = data
+        self.filled += len(data)
 
-def _check_answer(reader: "RangeReader", r: Any, start: int) -> int:
-    """Raise for an error answer; learn the object's size from a good one. Returns the bytes to
-    drop from the body (a server ignoring ``Range`` sends the whole object)."""
-    if r.status == 404:
-        raise FileNotFoundError(reader.url)
-    if r.status == 416:
-        m = _UNSATISFIED_RANGE.match(r.headers.get("Content-Range", ""))
-        if m:
-            reader.learn_size(int(m.group(1)))
-        elif reader.expected is not None and start < reader.expected:
-            raise ShardFormatError(
-                reader.url,
-                f"the server has no bytes from {start} on (416), but its manifest says {reader.expected}",
-                hint="run `dali-shards index` on the shards again (it rewrites the manifest)",
-            )
-        return 0
-    r.raise_for_status()
-    if r.status == 206:
-        m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
-        if m and int(m.group(1)) != start:
-            raise OSError(f"asked for bytes from {start}, the server sent them from {m.group(1)}")
-        if m and m.group(2) != "*":
-            reader.learn_size(int(m.group(2)))
-        return 0
-    length = r.headers.get("Content-Length")
-    if length is not None and r.headers.get("Content-Encoding", "identity") in ("identity", ""):
-        reader.learn_size(int(length))
-    return start
+    def result(self) -> bytearray:
+        if self.buffer is None:
+            return bytearray()
+        if self.filled < len(self.buffer):
+            del self.buffer[self.filled :]
+        return self.buffer
 
 
 class RangeReader:
     """Retried ranged reads of one remote object (see the module's docstring). ``size`` is the
-    size the caller expects (a manifest's ``bytes``), checked against the server's."""
+    size the caller expects (a manifest's ``bytes``), checked against the server's. ``stream``: the
+    caller reads the object on in order (a whole-shard stream), so an HTTP answer holding more than
+    was asked (a server ignoring ``Range``) is kept open for the next read instead of asked again;
+    :meth:`close` drops it."""
 
-    def __init__(self, url: str, config: Optional["StorageOptions"] = None, size: Optional[int] = None):
+    def __init__(
+        self, url: str, config: Optional["StorageOptions"] = None, size: Optional[int] = None, stream: bool = False
+    ):
         from dali_shards.io.remote import DEFAULT_STORAGE, filesystem
 
         self.url = url
@@ -140,7 +97,11 @@ class RangeReader:
         if size is not None and (url, size) in _confirmed:
             self.size = size
         self.retried = 0  # transient failures overcome, for tests and logs
+        self.stream = stream
         self._lock = threading.Lock()
+        self._body: Optional[HTTPBody] = None  # an answer read up to its pos, kept for the next read
+        self._body_lock = threading.Lock()
+        self._closed = False
 
     def known_size(self) -> Optional[int]:
         """The server's size if it told it, else the size expected (None if neither)."""
@@ -226,17 +187,19 @@ class RangeReader:
         return bytes(self.read_buffer(start, end, cancelled))
 
     def read_buffer(self, start: int, end: int, cancelled: Callable[[], bool] = lambda: False) -> Union[bytes, bytearray]:
-        """``read``'s bytes in the buffer they arrived in (no copy)."""
-        sink = bytearray()
+        """``read``'s bytes in the buffer they arrived in (no copy): one buffer of the size asked,
+        filled in place (cut short only at the object's end)."""
+        size = self.known_size()
+        fill = _Filling(start, max(0, (end if size is None else min(end, size)) - start))
         failures = 0
         while True:
-            pos = start + len(sink)
+            pos = start + fill.filled
             size = self.known_size()
             stop = end if size is None else min(end, size)
             if pos >= stop:
                 break
             try:
-                whole = self._fetch(pos, stop, sink, cancelled)
+                whole = self._fetch(pos, stop, fill, cancelled)
             except (Cancelled, ShardError):
                 raise
             except Exception as exc:  # noqa: BLE001 - classified below
@@ -249,7 +212,7 @@ class RangeReader:
                 continue
             if whole is not None:
                 return whole
-            got, size = start + len(sink), self.known_size()
+            got, size = start + fill.filled, self.known_size()
             if size is None or got >= min(end, size):
                 break  # complete; or a short answer from a server that does not tell the size: its end
             if self.size is None and not self.http:
@@ -263,41 +226,62 @@ class RangeReader:
                 )
             self.retried += 1
             log.warning("dali_shards: response for %s stopped at byte %d; resuming there", self.url, got)
-        return sink
+        return fill.result()
 
-    def _fetch(self, pos: int, stop: int, sink: bytearray, cancelled: Callable[[], bool]) -> Optional[bytes]:
-        """Append bytes ``[pos, stop)`` to ``sink`` (fewer if the answer is short); raises on failure
-        after appending what did arrive. Where ``sink`` is empty and one answer holds all the bytes,
-        they are returned instead (no copy)."""
+    def _fetch(self, pos: int, stop: int, fill: _Filling, cancelled: Callable[[], bool]) -> Optional[bytes]:
+        """Add bytes ``[pos, stop)`` to ``fill`` (fewer if the answer is short); raises on failure
+        after adding what did arrive. Where ``fill`` is empty and one answer holds all the bytes,
+        they are returned instead (no copy: other stores, see ``fsrequest.read_pieces``)."""
         if self.http:
             from fsspec.asyn import sync
 
-            sync(self.fs.loop, _http_get, self, pos, stop, sink, cancelled)
+            sync(self.fs.loop, self._http_fill, pos, stop, fill, cancelled)
             return None
-        while pos < stop:
-            if cancelled():
-                raise Cancelled()
-            piece = _pieces.get(id(self.fs), self.config.chunk_size)
-            hi = min(stop, pos + piece)
-            began = time.monotonic()
+        return read_pieces(self.fs, self.path, pos, stop, fill, self.config, self.url, cancelled)
+
+    async def _http_fill(self, pos: int, stop: int, fill: _Filling, cancelled: Callable[[], bool]) -> None:
+        """Bytes ``[pos, stop)`` into ``fill`` from one streamed GET (or the answer kept open at
+        ``pos``); the object's size learned from its headers. A stream keeps an answer that goes on."""
+        if cancelled() or self._closed:
+            raise Cancelled()
+        body = self._take_body(pos)
+        if body is None:
+            body = HTTPBody(self, pos, None if self.stream and ignores_range(self.url) else stop)
+            await body.open()
+        size, ok = self.known_size(), False
+        stop = stop if size is None else min(stop, size)
+        try:
+            with fill.room(stop) as view:
+                await body.read_into(view, cancelled)
+            ok = True
+        finally:
+            fill.filled += body.pos - pos  # what arrived, also before a failure
+            kept = ok and self.stream and body.pos == stop and body.more() and not cancelled()
+            if kept:
+                with self._body_lock:
+                    if not self._closed:
+                        self._body, body = body, self._body  # body: one kept before, if any
+            if body is not None:
+                body.close(reusable=ok and not kept)
+
+    def _take_body(self, pos: int) -> Optional[HTTPBody]:
+        """The answer kept open, if it is at ``pos`` (one elsewhere is dropped)."""
+        with self._body_lock:
+            body, self._body = self._body, None
+        if body is not None and body.pos != pos:
+            body.close(reusable=False)
+            return None
+        return body
+
+    def close(self) -> None:
+        """Drop an answer kept open for the next read (streams), and keep none from now on."""
+        with self._body_lock:
+            body, self._body, self._closed = self._body, None, True
+        if body is not None:
             try:
-                data = self._timed("cat_file", self.path, start=pos, end=hi)
-            except TimeoutError:
-                if hi - pos > MIN_PIECE:
-                    _pieces[id(self.fs)] = max(MIN_PIECE, (hi - pos) // 2)
-                    log.warning("dali_shards: %s: asking for %d bytes at a time", self.url, _pieces[id(self.fs)])
-                raise
-            if time.monotonic() - began < self.config.request_timeout / 4 and hi - pos == piece < self.config.chunk_size:
-                _pieces[id(self.fs)] = min(self.config.chunk_size, piece * 2)
-            if len(data) > hi - pos:
-                raise OSError(f"asked for {hi - pos} bytes at {pos}, got {len(data)}")
-            if not sink and hi == stop and len(data) == stop - pos:
-                return data
-            sink += data
-            if len(data) < hi - pos:
-                return None
-            pos = hi
-        return None
+                self.fs.loop.call_soon_threadsafe(body.close, False)
+            except RuntimeError:  # the loop is gone (the interpreter is exiting): so is the connection
+                pass
 
 
 class SizeCheck(threading.Thread):

@@ -6,11 +6,13 @@ start of an epoch, every sample span it will read and in which order. ``RangeFet
 the spans that follow each other in a shard into requests of up to ``request_bytes`` (never one
 request per sample, unless a sample is that large; an object's first requests are smaller, from
 256 KiB up, so that the first samples of many shards arrive soon), issues the requests in the order their first
-span is needed from ``FETCH_THREADS`` threads, and keeps fetching ahead while the bytes fetched
-and not yet taken, plus those in flight, stay within ``window``. The request the reader waits for
-is always issued, so it never deadlocks; each span's bytes are freed when it is taken. Memory:
-``window`` (the bytes counted), plus each thread's request while it arrives (the HTTP client's
-buffer and the body, about ``2 x request_bytes`` per thread).
+span is needed from ``FETCH_THREADS`` threads, and keeps fetching ahead while the bytes of the
+requests in flight or not yet released stay within ``window``. The request the reader waits for is
+always issued, so it never deadlocks. A request's bytes arrive in one buffer of its size, filled in
+place; each span it holds is a view of that buffer (no copy), which the reader takes (:meth:`take`)
+and releases once it has used it (:meth:`release`); the buffer is freed, and its bytes no longer
+counted, when the last of its spans is released. Memory: ``window`` (the bytes counted), plus the
+HTTP client's buffer of each request arriving (at most about 128 KiB each).
 
 A fetcher made ahead of time (the next epoch's, see ``worker/pieces.py``) may share a smaller
 window with the one before it (``after``): until that one closes, the two together hold at most
@@ -18,13 +20,14 @@ window with the one before it (``after``): until that one closes, the two togeth
 
 A request that fails (after ``RangeReader``'s retries) fails every span it holds, and every later
 span of the same shard without asking the server again: the shard is reported once, not once per
-sample. A reader that gives up on a shard says so (``discard``): what is fetched of it is freed.
+sample. A reader that gives up on a shard says so (``discard``): what is fetched of it is freed
+(and no longer counted).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from dali_shards.errors import ShardError
 from dali_shards.io.ranged import Cancelled, RangeReader
@@ -79,8 +82,8 @@ def plan_requests(spans: Sequence[Span], request_bytes: int, ramp_until: Optiona
 
 
 class RangeFetcher:
-    """The bytes of ``spans``, taken in any order with :meth:`take` (see the module). ``close``
-    stops the fetching (threads end after their current request)."""
+    """The bytes of ``spans``, taken in any order with :meth:`take` and released with :meth:`release`
+    (see the module). ``close`` stops the fetching (threads end after their current request)."""
 
     def __init__(
         self,
@@ -104,13 +107,14 @@ class RangeFetcher:
             for i in req.spans:
                 self._request_of[i] = r
         self._cond = threading.Condition()
-        self._ready: Dict[int, bytes] = {}
+        self._ready: Dict[int, memoryview] = {}  # span -> its bytes, a view of its request's buffer
+        self._unreleased: Dict[int, int] = {}  # answered request -> its spans not released yet
         self._errors: Dict[int, BaseException] = {}
         self._failed: Dict[str, BaseException] = {}
         self._discarded: Set[str] = set()
         self._readers: Dict[str, RangeReader] = {}
         self._next = 0  # the next request to issue
-        self._held = 0  # bytes in flight or fetched and not taken
+        self._held = 0  # bytes of the requests in flight or not released
         self._in_flight = 0  # requests issued and not answered
         self._waiting = -1  # the request the reader waits for
         self._closed = False
@@ -120,7 +124,7 @@ class RangeFetcher:
 
     @property
     def held(self) -> int:
-        """Bytes in flight or fetched and not yet taken."""
+        """Bytes of the requests in flight, or answered and holding spans not yet released."""
         return self._held
 
     @property
@@ -128,8 +132,9 @@ class RangeFetcher:
         """Every request has been answered (or has failed): nothing more will be asked."""
         return self._next >= len(self._requests) and not self._in_flight
 
-    def take(self, i: int) -> bytes:
-        """The bytes of span ``i`` (waits for them); the error of its request if it failed."""
+    def take(self, i: int) -> memoryview:
+        """The bytes of span ``i`` (waits for them; release them after use); the error of its
+        request if it failed."""
         r = self._request_of[i]
         with self._cond:
             while i not in self._ready and r not in self._errors:
@@ -140,10 +145,22 @@ class RangeFetcher:
                 self._cond.wait()
             if i not in self._ready:
                 raise self._errors[r]
-            data = self._ready.pop(i)
-            self._held -= len(data)
+            return self._ready.pop(i)
+
+    def release(self, i: int) -> None:
+        """The reader is done with the bytes of span ``i`` (taken): once every span of its request
+        is, the request's buffer is freed and its room in the window given back."""
+        r = self._request_of[i]
+        with self._cond:
+            left = self._unreleased.get(r)
+            if left is None:  # failed, discarded or closed
+                return
+            if left > 1:
+                self._unreleased[r] = left - 1
+                return
+            del self._unreleased[r]
+            self._held -= self._requests[r].hi - self._requests[r].lo
             self._cond.notify_all()
-            return data
 
     def discard(self, url: str) -> None:
         """The reader takes no more spans of ``url`` (it gave up on that shard): free what is
@@ -152,13 +169,17 @@ class RangeFetcher:
             self._discarded.add(url)
             self._failed.setdefault(url, RuntimeError(f"dali_shards: {url} discarded by the reader"))
             for i in [i for i in self._ready if self._spans[i].url == url]:
-                self._held -= len(self._ready.pop(i))
+                del self._ready[i]
+            for r in [r for r in self._unreleased if self._requests[r].url == url]:
+                del self._unreleased[r]
+                self._held -= self._requests[r].hi - self._requests[r].lo
             self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._ready.clear()
+            self._unreleased.clear()
             self._cond.notify_all()
 
     # -- fetching threads --------------------------------------------------------------------
@@ -205,21 +226,21 @@ class RangeFetcher:
                 continue
             with self._cond:
                 self._in_flight -= 1
-                self._held -= req.hi - req.lo
                 if self._closed:
                     return
                 if req.url in self._discarded:  # the reader gave up on this object meanwhile
+                    self._held -= req.hi - req.lo
+                    self._cond.notify_all()
                     continue
                 view = memoryview(data)
-                for i in req.spans:  # each span a copy of its own: the request's buffer is freed now
+                for i in req.spans:  # views of the request's buffer, which lives until they are released
                     span = self._spans[i]
-                    piece = bytes(view[span.lo - req.lo : span.hi - req.lo])
-                    self._ready[i] = piece
-                    self._held += len(piece)
-                view.release()
+                    self._ready[i] = view[span.lo - req.lo : span.hi - req.lo]
+                self._unreleased[r] = len(req.spans)
                 self._cond.notify_all()
+            del data, view
 
-    def _fetch(self, req: _Request) -> bytes:
+    def _fetch(self, req: _Request) -> Union[bytes, bytearray]:
         with self._cond:
             reader = self._readers.get(req.url)
             if reader is None:

@@ -1,7 +1,10 @@
 """Reading objects from remote storage (``s3://``, ``gs://``, ``http(s)://``... through fsspec)
 as sequential streams: ranged requests of ``chunk_size`` bytes fetched ahead in a background
 thread, each retried with exponential backoff and resumed at the byte it stopped at (see
-``ranged`` for the retries and what ``request_timeout`` bounds).
+``ranged`` for the retries and what ``request_timeout`` bounds). From an HTTP server that ignores
+``Range`` (it answers with the whole object, see ``rangesupport``) an object is read in one GET,
+its body delivered ``chunk_size`` bytes at a time as the reader takes them (the same ``chunks_ahead``
+held ready; the connection waits meanwhile), not downloaded whole once per chunk.
 
 A request that raises a transient error (connection reset or refused, 5xx, timeout, a body cut
 short) is retried; "not found", "permission denied" and a range past the end are not. After
@@ -16,7 +19,7 @@ import logging
 import os
 import threading
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, Optional, Tuple, Union
 
 from dali_shards.errors import ShardAccessError
 from dali_shards.options import StorageOptions
@@ -68,8 +71,11 @@ def filesystem(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Tuple[Any,
 
 
 class Tee:
-    """Where a stream copies its bytes (the cache): sequential chunks, then complete (with the
-    object's size as the server or the manifest confirmed it, None if unconfirmed) or abandon."""
+    """Where a stream copies its bytes (the cache): the object's size as its first answer told it
+    (``begin``, None if unknown), sequential chunks, then complete (with the object's size as the
+    server or the manifest confirmed it, None if unconfirmed) or abandon."""
+
+    def begin(self, size: Optional[int]) -> None: ...
 
     def write(self, offset: int, data: bytes) -> None: ...
 
@@ -89,10 +95,10 @@ class RemoteStream(io.RawIOBase):
     ):
         super().__init__()
         self.url = url
-        self._reader = RangeReader(url, config, size)
+        self._reader = RangeReader(url, config, size, stream=True)
         self._config = config
         self._cond = threading.Condition()
-        self._chunks: Deque[Tuple[int, bytes]] = deque()
+        self._chunks: Deque[Tuple[int, Union[bytes, bytearray]]] = deque()
         self._frontier = 0  # the next byte the fetching thread asks for
         self._eof_at: Optional[int] = None
         self._error: Optional[BaseException] = None
@@ -151,13 +157,14 @@ class RemoteStream(io.RawIOBase):
                 if size is not None and offset >= size:
                     data = b""
                 else:
-                    data = reader.read(offset, offset + cfg.chunk_size, cancelled=stale)
+                    data = reader.read_buffer(offset, offset + cfg.chunk_size, cancelled=stale)
                 if check is not None:
                     check.result()  # a stale manifest fails before any byte is delivered
                     check = None
-                size = reader.known_size()
+                size, tee = reader.known_size(), self._tee
+                if tee is not None and offset == 0:
+                    tee.begin(size)  # the room for the copy, reserved now if it was not
                 done = len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
-                tee = self._tee
                 if tee is not None and done:  # published before the reader sees the end
                     if data:
                         tee.write(offset, data)
@@ -276,6 +283,7 @@ class RemoteStream(io.RawIOBase):
             tee, self._tee = self._tee, None
         if tee is not None and self._eof_at is None:
             tee.abandon()
+        self._reader.close()
 
     @property
     def retried(self) -> int:

@@ -1,5 +1,5 @@
-"""From a resolved pipeline to a DALI one: one parallel external source per local worker, the
-merge of their slices, the user's graph function, the pipeline and its supervision."""
+"""From a resolved pipeline to a DALI one: the transfer's inputs (``dali_shards.transfer``), the
+user's graph function, the pipeline and its supervision."""
 
 from __future__ import annotations
 
@@ -7,20 +7,18 @@ import os
 from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
-from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline
 
-from dali_shards.options import ShardedOptions
+from dali_shards.options import ShardedOptions, Transfer
 from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.pipeline.info import ShardedPipelineInfo
-from dali_shards.pipeline.merge import assemble_fields
 from dali_shards.pipeline.probe import output_names
 from dali_shards.pipeline.resolve import Resolved, resolve
 from dali_shards.pipeline.supervise import supervise
 from dali_shards.plan.random import MASK64
 from dali_shards.worker.control import ControlBlock
-from dali_shards.worker.planned import WorkerSource
-from dali_shards.worker.resampled import StreamingWorkerSource
+from dali_shards.transfer.merge.transfer import MergeTransfer
+from dali_shards.transfer.ring.transfer import RingTransfer
 from dali_shards.world import check_start_method, default_device_id
 
 _TAG_PIPELINE_SEED = 0x4155_4720
@@ -44,18 +42,19 @@ def build_sharded_pipeline(
 ) -> Pipeline:
     """Create the pipeline of a ``@sharded_pipeline`` function for the given options."""
     fn_kwargs = dict(fn_kwargs or {})
-    check_start_method(pipeline_kwargs.get("py_start_method", "fork"))
+    start_method = pipeline_kwargs.get("py_start_method", "fork")
+    if options.transfer is Transfer.MERGE:  # DALI's pool cannot fork once CUDA is initialised; our workers can
+        check_start_method(start_method)
     control = ControlBlock.create(
         options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
     )
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
     resolved = resolve(options, outputs).with_control(control.path)
-    source_type = StreamingWorkerSource if resolved.streaming is not None else WorkerSource
-    sources = [source_type(config) for config in resolved.workers]  # plain objects, made outside the graph
+    transfer = make_transfer(resolved, start_method)
     captured: Dict[str, Any] = {}
 
     def graph():
-        fields, slot_status = assemble_fields(_external_sources(sources, resolved), resolved.layout, options.batch_size)
+        fields, slot_status = transfer.graph_inputs()
         result = func(*fields, *fn_args, **fn_kwargs)
         captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
         captured["slot_status"] = slot_status
@@ -63,15 +62,17 @@ def build_sharded_pipeline(
 
     kwargs = {
         "batch_size": options.batch_size,
-        "py_num_workers": options.py_num_workers,
         "seed": pipeline_seed(options.seed, resolved.rank, resolved.start_epoch, resolved.steps_before),
     }
+    if options.transfer is Transfer.MERGE:
+        kwargs["py_num_workers"] = options.py_num_workers
     if "device_id" not in pipeline_kwargs:
         kwargs["device_id"] = default_device_id()
     if pipeline_kwargs.get("num_threads") is None:  # DALI has no default: it would fail when built
         kwargs["num_threads"] = DEFAULT_NUM_THREADS
     kwargs.update(pipeline_kwargs)
     pipe = define_pipeline(graph, kwargs)
+    transfer.attach(pipe)  # its workers start when the pipeline is built
     supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C
 
     def rebuild(**overrides: Any) -> Pipeline:
@@ -84,20 +85,18 @@ def build_sharded_pipeline(
         outputs=captured["outputs"],
         slot_status=captured["slot_status"],
         control=control,
+        transfer=transfer,
     )
     return pipe
 
 
-def _external_sources(sources: Sequence[Any], resolved: Resolved) -> list:
-    """One parallel external source per local worker."""
-    return [
-        fn.external_source(
-            source=source,
-            batch=True,
-            parallel=True,
-            cycle="raise",
-            prefetch_queue_depth=resolved.options.worker_prefetch,
-            bytes_per_sample_hint=resolved.bytes_per_sample_hint,
-        )
-        for source in sources
-    ]
+def make_transfer(resolved: Resolved, start_method: str) -> Any:
+    """The pipeline's transfer (``options.transfer``) over the resolved workers."""
+    options = resolved.options
+    if options.transfer is Transfer.MERGE:
+        return MergeTransfer(resolved.workers, resolved.layout, batch_size=options.batch_size,
+                             worker_prefetch=options.worker_prefetch, bytes_per_sample_hint=resolved.bytes_per_sample_hint)  # fmt: skip
+    per_sample = (resolved.bytes_per_sample_hint or 0) * options.py_num_workers  # (the hint is per merge slot)
+    first_slot = per_sample * (options.batch_size // options.py_num_workers)
+    return RingTransfer(resolved.workers, resolved.layout, worker_prefetch=options.worker_prefetch,
+                        start_method=start_method, start_epoch=resolved.start_epoch, first_slot_bytes=first_slot)  # fmt: skip

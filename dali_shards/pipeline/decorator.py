@@ -2,26 +2,49 @@
 
 The decorated function receives the requested fields as DataNodes and returns the pipeline's
 outputs, as with ``nvidia.dali.pipeline_def``. Behind it, each of the rank's ``py_num_workers``
-workers runs one parallel external source over its part of the epoch plan, emits a full-size
-batch padded with empty dummies outside its own slice, and a balanced tree of conditionals merges
-the slices into one batch. Keywords are sorted here into options (``ShardedOptions``), DALI
-pipeline parameters and the function's own; ``resolve`` and ``build`` do the rest.
+workers reads its part of the epoch plan, and a transfer (``dali_shards.transfer``: a shared-memory
+ring into one external source, or DALI's parallel sources merged by conditionals) brings every
+step's samples to the pipeline. Keywords are sorted here into options (``ShardedOptions``), DALI
+pipeline parameters and the function's own -- any other keyword is refused here, with the closest
+known name; ``resolve`` and ``build`` do the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Collection, Dict, Tuple
 
 from nvidia.dali.pipeline import Pipeline
 
+from dali_shards.errors import UnknownOptionError
 from dali_shards.options import OPTION_KEYWORDS, STORAGE_KEYWORDS, ShardedOptions, StorageOptions
 from dali_shards.pipeline.build import build_sharded_pipeline
 from dali_shards.pipeline.info import ShardedPipelineInfo
 
-_PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
+# what DALI's pipeline_def takes besides our options: Pipeline's parameters and its own keyword
+_PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"} | {"enable_conditionals"}
+
+
+def check_keywords(names: Collection[str], where: str, own: Collection[str] = ()) -> None:
+    """An ``UnknownOptionError`` (a ``ConfigError``) naming every keyword that is neither an option,
+    a DALI pipeline parameter, nor one of ``own`` (the function's parameters), with the closest
+    known names."""
+    known = sorted(set(OPTION_KEYWORDS) | _PIPELINE_PARAMS | set(own))
+    unknown = [n for n in names if n not in known]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise UnknownOptionError(
+        f"{where} got unknown keyword(s) {', '.join(hints)}: each keyword must be a sharded_pipeline option "
+        "(help(sharded_pipeline) lists them), a DALI Pipeline parameter"
+        + (", or a parameter of the function" if own else "")
+    )
 
 
 def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
@@ -114,6 +137,13 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
             ``bucket_window`` (per worker, whole steps) into batches of similar length, in a batch
             order its rank's workers share; every sample still once, equal steps, resumable.
         bucket_window: samples per worker bucketed at once (rounded down to whole steps).
+        transfer: how the workers' samples reach DALI. ``"ring"`` (default): the library's own
+            worker processes (``py_start_method`` fork or spawn; fork works after CUDA is
+            initialised too) write each step's samples into shared memory, and one external
+            source gives them to DALI: the cost per step does not grow with ``py_num_workers``.
+            ``"merge"``: DALI's own worker pool, one parallel external source per worker, merged
+            with conditional execution (the workaround of DALI issue 4892); its cost grows with
+            ``py_num_workers x batch_size``.
         image_check: how much of each image member the workers check before it enters a batch:
             ``"structure"`` (JPEG segments and end marker, PNG chunks and CRCs), ``"signature"``
             (first bytes) or ``"off"``. A failed check is a per-sample ``ShardFormatError``
@@ -125,6 +155,7 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
     Calling the decorated function returns an ``nvidia.dali.Pipeline``; keyword arguments given
     then override any of the above, and the function's own extra parameters are passed through.
     """
+    check_keywords(keywords, "sharded_pipeline")
     options_kw, pipeline_kwargs = _split(keywords)
     options = ShardedOptions.from_keywords(source=source, **options_kw)
 
@@ -133,18 +164,11 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
 
         @functools.wraps(func)
         def factory(*args: Any, **kwargs: Any) -> Pipeline:
+            check_keywords(kwargs, f"{func.__name__}()", func_params)
             overrides = {k: v for k, v in kwargs.items() if k in OPTION_KEYWORDS}
             fn_kwargs = {k: v for k, v in kwargs.items() if k not in overrides and k in func_params}
             pipe_kwargs = dict(pipeline_kwargs)
-            for name, value in kwargs.items():
-                if name in overrides or name in fn_kwargs:
-                    continue
-                if name not in _PIPELINE_PARAMS:
-                    raise TypeError(
-                        f"{func.__name__}() got an unexpected keyword argument {name!r}: it is neither a "
-                        "sharded_pipeline option, a DALI Pipeline parameter, nor a parameter of the function"
-                    )
-                pipe_kwargs[name] = value
+            pipe_kwargs.update({k: v for k, v in kwargs.items() if k not in overrides and k not in fn_kwargs})
             opts = options.replace(**overrides) if overrides else options
             return build_sharded_pipeline(func, opts, pipe_kwargs, args, fn_kwargs)
 

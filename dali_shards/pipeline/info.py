@@ -26,7 +26,8 @@ class ShardedPipelineInfo:
     ``resolved`` holds the options, the world, the shards, the layout and the plan spec; a resumed
     pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch).
     ``outputs`` are the graph function's outputs and ``slot_status`` each slot's index and status
-    (the iterator adds it as an output); ``rebuild(**options)`` makes the same pipeline anew.
+    (the iterator adds it as an output); ``rebuild(**options)`` makes the same pipeline anew;
+    ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``).
     """
 
     resolved: Resolved
@@ -34,6 +35,7 @@ class ShardedPipelineInfo:
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
     slot_status: Any = field(default=None, compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
+    transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
     plan_version: int = PLAN_VERSION
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),

@@ -17,7 +17,7 @@ from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import RawSample, TarReader
-from dali_shards.options import OnError, ShardedOptions
+from dali_shards.options import OnError, ShardedOptions, Transfer
 from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
@@ -93,8 +93,11 @@ def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[st
 
 
 def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> SampleLayout:
-    """The layout of a ``map``'s outputs: the table layout for two or more workers, with the
-    largest output (in the first sample) as payload."""
+    """The layout of a ``map``'s outputs: the ring transfer's table (every output in it); for the
+    merge transfer the table layout for two or more workers, with the largest output (in the first
+    sample) as payload."""
+    if options.transfer is Transfer.RING:
+        return SampleLayout(options.fields, table=True, outputs=specs, image_check=options.image_check)
     if options.py_num_workers < 2:
         return SampleLayout(options.fields, outputs=specs, image_check=options.image_check)
     movable = [(sizes.get(s.name, 0), -i, s.name) for i, s in enumerate(specs) if s.kind in ("bytes", "array")]

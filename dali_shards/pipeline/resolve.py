@@ -14,8 +14,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.catalog.sources import resolve_source
+from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
 from dali_shards.io.remote import is_remote
-from dali_shards.options import ShardedOptions, option_default
+from dali_shards.options import ShardedOptions, Transfer, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.resampled import StreamingSpec
 from dali_shards.plan.resume import resume_point
@@ -100,6 +101,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         byte_sizes=tuple(s.bytes for s in shards),
         stage=stage,
         offsets=tuple(s.offsets for s in shards) if streaming is None and spec.shuffle_block else (),
+        key_crc=tuple(s.key_crc for s in shards) if streaming is None else (),
         layout=layout,
         on_error=options.on_error,
         image_check=options.image_check,
@@ -140,7 +142,8 @@ def _specs(
         last_batch=options.last_batch,
     )
     if not options.streaming:
-        block = options.shuffle_block if options.shuffle and options.shuffle_block and _indexed(shards) else 0
+        interleave = options.shuffle and options.shuffle_block and _indexed(shards)
+        block = options.shuffle_block if interleave and _ranges_served(shards, options) else 0
         layout["bucket_window"] = options.bucket_window if options.bucket_by is not None else 0
         if block and options.storage.cache_dir and any(is_remote(s.url) for s in shards):
             log.warning(
@@ -174,6 +177,24 @@ def _indexed(shards: Sequence[ShardInfo]) -> bool:
     return not missing
 
 
+def _ranges_served(shards: Sequence[ShardInfo], options: ShardedOptions) -> bool:
+    """Whether every HTTP(S) server of the shards answers ranged requests (interleaving reads each
+    sample by them): each asked once, with one GET of a byte of one of its shards (see
+    ``io.rangesupport``); says which one does not, and that workers then read contiguous runs."""
+    first: Dict[str, ShardInfo] = {}
+    for s in shards:
+        if s.samples and s.url.startswith(("http://", "https://")):
+            first.setdefault(server_of(s.url), s)
+    ignoring = [s for s in first.values() if probe_ignores_range(s.url, options.storage, s.bytes)]
+    for s in ignoring:
+        note_ignores_range(
+            s.url, f"interleaved shuffling (shuffle_block={options.shuffle_block}) reads each sample by a ranged "
+            "request, so workers read contiguous runs of whole shards instead (shuffle_block=0: batches mix less if "
+            "the shards are class-sorted)",
+        )  # fmt: skip
+    return not ignoring
+
+
 def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:
     """Mean bytes per sample of the members with these extensions, if the scan recorded them."""
     samples = sum(s.samples for s in shards if s.samples > 0)
@@ -188,9 +209,13 @@ def choose_layout(
     py_num_workers: int,
     image_check: str = option_default("image_check"),
     arrays: Optional[Dict[str, Tuple[str, int]]] = None,
+    transfer: str = option_default("transfer"),
 ) -> SampleLayout:
-    """The table layout for two or more workers, with the largest byte field (by the scan's
-    per-extension sizes; else the first) as payload; the packed layout for one worker."""
+    """The ring transfer's layout: a table of rows and a heap, every field in it (no payload). The
+    merge transfer's: the table layout for two or more workers, with the largest byte field (by the
+    scan's per-extension sizes; else the first) as payload; the packed layout for one worker."""
+    if Transfer(transfer) is Transfer.RING:
+        return SampleLayout(fields, table=True, image_check=image_check, arrays=arrays)
     if py_num_workers < 2:
         return SampleLayout(fields, image_check=image_check, arrays=arrays)
     plain = SampleLayout(fields)
@@ -215,7 +240,7 @@ def choose_stage(
         npy = [f.name for f in reading.fields if f.kind == "array"]
         specs = probe(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
         arrays = {s.name: (s.dtype, s.ndim) for s in specs}
-        layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays)
+        layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays, options.transfer)
         return SampleStage(layout, None, decoders, bucket_by, options.seed), {}
     if not outputs:
         raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")

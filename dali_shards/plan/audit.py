@@ -4,14 +4,17 @@
 sample it returns and of every sample skipped with ``on_error="skip"``; at the epoch's end it
 gathers them from all ranks (under ``torch.distributed``) and reports duplicates, missing samples,
 skipped samples and steps per rank. ``summarize`` does the same for lists gathered any other way
-(e.g. simulated ranks in one process).
+(e.g. simulated ranks in one process). Shards counted short at the start because they are damaged
+(``on_error="skip"``) lose their samples after the damage in every epoch: the report lists them
+(``lost_shards``) and counts the samples known lost (``lost``: a lower bound, since those after a
+shard's damage cannot be counted).
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -53,8 +56,18 @@ class EpochRecord:
         return cat(self.indices), cat(self.skipped), self.steps
 
 
-def summarize(epoch: int, ranks: Sequence, expected: np.ndarray) -> Dict:
-    """The audit report of an epoch from every rank's ``(indices, skipped, steps)``."""
+def lost_shards(shards: Sequence[Any]) -> List[Dict[str, Any]]:
+    """The damaged shards of a dataset (``ShardInfo``s with ``damage``), as the audit lists them."""
+    return [
+        {"shard": s.url, "samples_read": int(s.samples), "lost_at_least": int(s.lost), "damage": s.damage}
+        for s in shards
+        if getattr(s, "damage", None)
+    ]
+
+
+def summarize(epoch: int, ranks: Sequence, expected: np.ndarray, lost: Sequence[Dict[str, Any]] = ()) -> Dict:
+    """The audit report of an epoch from every rank's ``(indices, skipped, steps)``; ``lost``: the
+    dataset's damaged shards (see ``lost_shards``)."""
     indices = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in ranks]) if ranks else np.empty(0, np.int64)
     skipped = np.unique(np.concatenate([np.asarray(r[1], dtype=np.int64) for r in ranks])) if ranks else indices
     unique, counts = np.unique(indices, return_counts=True)
@@ -71,6 +84,8 @@ def summarize(epoch: int, ranks: Sequence, expected: np.ndarray) -> Dict:
         "missing": int(len(missing)),
         "unexpected": int(len(unexpected)),
         "skipped": skipped.tolist(),
+        "lost": sum(int(entry["lost_at_least"]) for entry in lost),
+        "lost_shards": list(lost),
         "steps_per_rank": steps,
         "equal_steps": len(set(steps)) <= 1,
         "missing_examples": missing[:10].tolist(),

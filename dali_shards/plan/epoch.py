@@ -38,7 +38,9 @@ from dali_shards.plan.geometry import BatchLayout, Segment, check_positive
 from dali_shards.plan import bucket, interleave
 from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
+# plan versions whose states still resume exactly (3: rank pieces cut at the same places every epoch)
+RESUMABLE_PLAN_VERSIONS = (3, 4)
 Lengths = Callable[["EpochPlan", np.ndarray], np.ndarray]  # (plan, positions) -> the samples' lengths
 LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
 
@@ -125,13 +127,19 @@ class EpochPlan(interleave.Interleaving):
 
     A resumed epoch plans only ``subset`` (sorted positions of the epoch's sample sequence still to
     deliver, after an elastic resume) and/or starts at ``start_step`` (after a resume with the same
-    layout); steps are counted from the plan's start either way.
+    layout); steps are counted from the plan's start either way. ``version`` is the plan version
+    it follows (an older one only to finish an epoch whose state was saved under it).
     """
 
     spec: PlanSpec
     epoch: int
     subset: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
     start_step: int = 0
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version not in RESUMABLE_PLAN_VERSIONS:
+            raise ConfigError(f"plan version {self.version} is not one this dali_shards plans ({RESUMABLE_PLAN_VERSIONS})")
 
     # -- sizes ---------------------------------------------------------------------------
     @cached_property

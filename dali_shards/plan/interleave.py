@@ -5,7 +5,10 @@ shards. Pure, no I/O, no DALI.
 In the epoch's shuffled shard order, shards form blocks of ``block`` shards. Each shard's
 available samples are cut into ``world_size`` contiguous *rank pieces*, sizes differing by at most
 one, the larger pieces dealt round-robin across shards so that the ranks' totals differ by at most
-one sample. In each block, a rank's pieces are laid end to end in a seeded order (the same in
+one sample. Where the cuts fall is drawn anew for every (seed, epoch, shard): the pieces are laid
+around the shard as on a circle from a random first sample, so that which part of a shard a rank
+reads changes every epoch (shuffle before shard at the rank level too); a piece that passes the
+shard's end goes on at its start (two stretches of the shard, read in shard order). In each block, a rank's pieces are laid end to end in a seeded order (the same in
 every process, new every epoch) and cut into ``py_num_workers`` contiguous parts, sizes differing
 by at most one (carried over from block to block, so that every worker's total differs from any
 other's by at most one): a worker reads whole pieces (and at most two partial ones, at the ends of
@@ -28,10 +31,11 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from dali_shards.plan.geometry import Segment
-from dali_shards.plan.random import TAG_BATCH_ORDER, TAG_BLOCK, permutation
+from dali_shards.plan.random import TAG_BATCH_ORDER, TAG_BLOCK, TAG_RANK_CUT, bitgen, permutation
 
 
 MIN_SHARDS = 8
+DRAWN_CUTS_SINCE = 4  # plan version 3 cut every shard at the same places each epoch (kept to resume its states)
 
 
 def piece_bounds(size: int, parts: int, carry: int) -> Tuple[np.ndarray, int]:
@@ -42,13 +46,23 @@ def piece_bounds(size: int, parts: int, carry: int) -> Tuple[np.ndarray, int]:
     return np.concatenate([[0], np.cumsum(q + extra)]), (carry + r) % parts
 
 
-def rank_pieces(runs: Sequence[np.ndarray], world: int, rank: int) -> List[np.ndarray]:
-    """Rank ``rank``'s piece (positions) of each run; ``runs`` are the positions available in each
-    shard, shards in the epoch's order."""
+def cut_offsets(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """Per shard (canonical index), a random 64-bit number that places its rank pieces this epoch."""
+    return bitgen(TAG_RANK_CUT, seed, epoch).random_raw(num_shards)
+
+
+def rank_pieces(runs: Sequence[np.ndarray], world: int, rank: int, starts: Sequence[int] = ()) -> List[np.ndarray]:
+    """Rank ``rank``'s piece (positions, ascending) of each run; ``runs`` are the positions
+    available in each shard, shards in the epoch's order, and ``starts[i]`` where the first piece of
+    run ``i`` begins (the pieces go on around the run as on a circle; default: at its start)."""
     carry, pieces = 0, []
-    for run in runs:
+    for i, run in enumerate(runs):
         bounds, carry = piece_bounds(len(run), world, carry)
-        pieces.append(run[bounds[rank] : bounds[rank + 1]])
+        a = (int(starts[i]) if len(starts) else 0) + int(bounds[rank])
+        z = a + int(bounds[rank + 1] - bounds[rank])
+        if a >= len(run):
+            a, z = a - len(run), z - len(run)
+        pieces.append(run[a:z] if z <= len(run) else np.concatenate([run[: z - len(run)], run[a:]]))
     return pieces
 
 
@@ -128,10 +142,18 @@ class Interleaving:
     def _rank_pieces(self) -> Dict[int, List[np.ndarray]]:
         return {}
 
+    @cached_property
+    def _cut_starts(self) -> List[int]:
+        """Where each run's first rank piece begins (runs in the epoch's order; see the module)."""
+        if self.version < DRAWN_CUTS_SINCE:
+            return []
+        drawn = cut_offsets(len(self.spec.shard_sizes), self.spec.seed, self.epoch)[self.shard_order]
+        return [int(x % len(run)) if len(run) else 0 for x, run in zip(drawn.tolist(), self._runs)]
+
     def _pieces_of(self, rank: int) -> List[np.ndarray]:
         """Rank ``rank``'s pieces (computed once per plan)."""
         if rank not in self._rank_pieces:
-            self._rank_pieces[rank] = rank_pieces(self._runs, self.spec.world_size, rank)
+            self._rank_pieces[rank] = rank_pieces(self._runs, self.spec.world_size, rank, self._cut_starts)
         return self._rank_pieces[rank]
 
     @cached_property
@@ -164,14 +186,17 @@ class Interleaving:
 
     def worker_pieces(self, v: int) -> List[Segment]:
         """The pieces worker ``v`` reads under this plan, in reading order (interleaving only): per
-        shard, the stretch from its first sample there to its last."""
+        shard, the stretch from its first sample there to its last -- two stretches where its part
+        goes on past the shard's end at its start."""
         out, left = [], self.worker_valid_count(v)
         for parts in self._worker_blocks(v):
             first_keys = [j / len(parts) / len(piece) for j, (_, piece) in enumerate(parts)]
             for k in np.argsort(first_keys, kind="stable"):
-                piece = parts[k][1]
-                shard, local = self.locate(piece[[0, -1]])
-                out.append(Segment(int(shard[0]), int(local[0]), int(local[1]) + 1, int(piece[0])))
+                i, piece = parts[k]
+                at = np.searchsorted(self._runs[i], piece)  # where the part's samples lie in the run
+                for stretch in np.split(piece, np.flatnonzero(np.diff(at) > 1) + 1):
+                    shard, local = self.locate(stretch[[0, -1]])
+                    out.append(Segment(int(shard[0]), int(local[0]), int(local[1]) + 1, int(stretch[0])))
             left -= sum(len(p) for _, p in parts)
             if left <= 0:  # what 'drop' leaves out is not read
                 break

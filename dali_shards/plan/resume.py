@@ -4,7 +4,7 @@ The plan is a pure function, so a position in an epoch is just: the epoch, and t
 under (world size, workers, batch size, ...) with the steps taken under each. No buffers, no
 sample lists. The state is the same on every rank (all ranks take the same steps)::
 
-    {"format": "dali-shards-state", "plan_version": 1,
+    {"format": "dali-shards-state", "plan_version": 4,
      "dataset": {"shards": 128, "samples": 1281167, "fingerprint": "3f1c...", "names": "9e02...",
                  "name_set": "77ab...", "bytes": "c4d1..."},
      "seed": 42, "shuffle": true, "epoch": 7,
@@ -14,7 +14,9 @@ sample lists. The state is the same on every rank (all ranks take the same steps
 The ``dataset`` entry identifies the shards (see ``statecheck``); a state is checked field by field
 before it is used. Resuming under the same layout continues every worker's order where it stopped (the epoch comes out
 as if never interrupted); under another layout the samples not yet delivered are planned anew over
-the new ranks and workers, and later epochs follow the new layout.
+the new ranks and workers, and later epochs follow the new layout. An epoch in progress goes on
+under the plan version it was saved with (``RESUMABLE_PLAN_VERSIONS``); the epochs after it follow
+this release's ``PLAN_VERSION``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from dali_shards.errors import ConfigError
-from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, Lengths, PlanSpec
+from dali_shards.plan.epoch import PLAN_VERSION, RESUMABLE_PLAN_VERSIONS, EpochPlan, Lengths, PlanSpec
 from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, check_state_shape
 
 
@@ -52,7 +54,7 @@ def make_state(
         history = [*prior, {**layout_of(spec), "steps": int(steps)}]
     return {
         "format": STATE_FORMAT,
-        "plan_version": PLAN_VERSION,
+        "plan_version": plan.version if history else PLAN_VERSION,
         "dataset": (dataset or _unnamed(spec)).record(),
         "seed": spec.seed,
         "shuffle": spec.shuffle,
@@ -68,10 +70,11 @@ def _unnamed(spec: PlanSpec) -> DatasetId:
 def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) -> Dict[str, Any]:
     """``state`` checked against this pipeline, with the defaults of keys older states lack."""
     state = check_state_shape(state)
-    if state["plan_version"] != PLAN_VERSION:
+    if state["plan_version"] not in RESUMABLE_PLAN_VERSIONS:
         raise ConfigError(
             f"the state was saved with plan version {state['plan_version']}, this dali_shards plans with "
-            f"version {PLAN_VERSION}; resume with the dali_shards version that saved it"
+            f"version {PLAN_VERSION} and resumes states of versions {RESUMABLE_PLAN_VERSIONS}; resume with the "
+            "dali_shards version that saved it"
         )
     (dataset or _unnamed(spec)).check(state["dataset"])
     if state["seed"] != spec.seed or state["shuffle"] != spec.shuffle:
@@ -91,7 +94,7 @@ def resume_point(
     ``lengths`` reads samples' lengths for bucketed layouts stopped inside a window (see
     ``EpochPlan.consumed``)."""
     state = _check(spec, state, dataset)
-    epoch = int(state["epoch"])
+    epoch, version = int(state["epoch"]), int(state["plan_version"])  # the epoch goes on under its version
     history = list(state.get("history", []))
     if not history:
         return epoch, None, []
@@ -100,13 +103,14 @@ def resume_point(
         layout = {k: entry[k] for k in LAYOUT_KEYS}
         steps = int(entry["steps"])
         fields = {SPEC_NAMES.get(k, k): v for k, v in layout.items()}
-        past = EpochPlan(PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields), epoch, subset)
+        past_spec = PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields)
+        past = EpochPlan(past_spec, epoch, subset, version=version)
         if steps >= past.steps:  # that layout finished the epoch
             return epoch + 1, None, []
         if i == len(history) - 1 and layout == layout_of(spec):
-            return epoch, EpochPlan(spec, epoch, subset, start_step=steps), history[:-1]
+            return epoch, EpochPlan(spec, epoch, subset, start_step=steps, version=version), history[:-1]
         subset = past.remaining(steps, lengths)
-    plan = EpochPlan(spec, epoch, subset)
+    plan = EpochPlan(spec, epoch, subset, version=version)
     if plan.steps == 0:  # too few samples left for a whole batch ("drop")
         return epoch + 1, None, []
     return epoch, plan, history

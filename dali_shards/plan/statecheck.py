@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import LastBatch
+from dali_shards.options import MAX_EPOCH, LastBatch
 
 log = logging.getLogger("dali_shards")
 STATE_FORMAT = "dali-shards-state"
@@ -95,7 +95,7 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ConfigError("not a dali_shards state (expected the dict from DALIShardedIterator.state_dict())")
     _want(state, "plan_version", _is_int, "an integer")
-    _want(state, "epoch", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    _want(state, "epoch", lambda v: _is_int(v) and 0 <= v <= MAX_EPOCH, f"an integer in 0..{MAX_EPOCH}")
     _want(state, "seed", _is_int, "an integer")
     _want(state, "shuffle", lambda v: isinstance(v, bool), "true or false")
     _want(state, "dataset", lambda v: isinstance(v, Mapping), "an object")

@@ -36,7 +36,7 @@ def worker_peak_rss(pipe: Any) -> float:
     """The largest peak resident memory (``VmHWM``) of a built pipeline's Python workers, in MB
     (Linux)."""
     peaks = []
-    for pid in pipe._py_pool.pids():
+    for pid in pipe.dali_shards.transfer.pids():
         with open(f"/proc/{pid}/status") as f:
             peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")]
     return max(peaks)

@@ -28,7 +28,10 @@ class Faults:
     that the cut body looks complete. ``rate`` (bytes/s, 0: full speed) trickles every body.
     ``sizeless`` answers every GET with the whole file and no size (no ``Content-Length``, no
     ``Content-Range``, ``Range`` ignored, the end marked by closing the connection) and HEAD without
-    a size. ``requests`` logs (path, Range header) of every GET."""
+    a size. ``ignore_range`` answers every GET with the whole file (200, its ``Content-Length``),
+    as ``python -m http.server`` does; ``range_200`` answers a ranged GET with 200 and only the
+    range's bytes (and their ``Content-Length``), breaking the Range protocol. ``requests`` logs
+    (path, Range header) of every GET."""
 
     fail: int = 0
     status: int = 503
@@ -41,6 +44,8 @@ class Faults:
     short_after: int = 1000
     rate: float = 0.0
     sizeless: bool = False
+    ignore_range: bool = False
+    range_200: bool = False
     requests: List[tuple] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -81,7 +86,7 @@ class _Handler(SimpleHTTPRequestHandler):
             return
         size = os.path.getsize(path)
         start, end = 0, size - 1
-        m = _RANGE.match(self.headers.get("Range", ""))
+        m = None if faults.ignore_range else _RANGE.match(self.headers.get("Range", ""))
         if m:
             start = int(m.group(1))
             end = min(int(m.group(2)) if m.group(2) else size - 1, size - 1)
@@ -93,14 +98,15 @@ class _Handler(SimpleHTTPRequestHandler):
                 return
         length = end - start + 1
         short = faults.take("short")
-        self.send_response(206 if m else 200)
+        ranged = m is not None and not faults.range_200  # answered as a range: 206 and Content-Range
+        self.send_response(206 if ranged else 200)
         self.send_header("Content-Type", "application/x-tar")
         self.send_header("Accept-Ranges", "bytes")
         if short:
             self.send_header("Connection", "close")
         else:
             self.send_header("Content-Length", str(length))
-        if m:
+        if ranged:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
         with open(path, "rb") as f:

@@ -16,7 +16,7 @@ from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarformat import BLOCK, TarReader
-from dali_shards.io.tarscan import ShardStats
+from dali_shards.io.tarscan import ShardStats, key_fingerprints
 
 INDEX_VERSION = "v1.2"
 
@@ -63,6 +63,7 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
             if position == len(samples):
                 samples.append([entry])
                 starts.append(member.start if position else 0)
+                stats.keys.append(key)
             else:
                 samples[-1].append(entry)
             stats.add(ext, member.size)
@@ -79,4 +80,4 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
             f.write(" ".join(sample) + "\n")
     os.replace(tmp, idx_path)
     offsets = ShardInfo.offsets_from(starts + [reader.end_offset]) if samples else ShardInfo.offsets_from([0])
-    return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes, offsets)
+    return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes, offsets, key_fingerprints(stats.keys))

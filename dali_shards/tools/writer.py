@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from dali_shards.errors import ConfigError
 from dali_shards.catalog.manifest import ShardInfo
-from dali_shards.io.tarscan import ShardStats
+from dali_shards.io.tarscan import ShardStats, key_fingerprints
 
 if TYPE_CHECKING:
     from dali_shards.tools.imagefolder import SourceFile
@@ -91,6 +91,7 @@ class TarShardFile(_Closing):
         self.count = 0
         self.size = 0
         self.offsets: Optional[List[int]] = []
+        self.keys: List[str] = []
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._file = open(path, "wb")
         self._gzip = None
@@ -108,6 +109,7 @@ class TarShardFile(_Closing):
         if not members:
             raise ConfigError(f"sample {key!r} has no members")
         self.offsets.append(self._tar.offset)
+        self.keys.append(key)
         for ext, data in members.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size = len(data)
@@ -215,7 +217,8 @@ def _write_files_shard(task) -> "ShardInfo":
                 sample["cls"] = str(src.label)
                 stats.add("cls", len(sample["cls"]))
             shard.add(sample)
-    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes, ShardInfo.offsets_from(shard.offsets))
+    offsets, keys = ShardInfo.offsets_from(shard.offsets), key_fingerprints(shard.keys)
+    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes, offsets, keys)
 
 
 def write_dataset(

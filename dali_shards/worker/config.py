@@ -23,7 +23,8 @@ class WorkerConfig:
     pipeline's first epoch is ``resume_plan`` (planned mode) or ``first_steps`` long (streaming
     mode). ``control`` is the path of the pipeline's control block (None: no supervision).
     ``offsets`` holds, per shard, where each sample begins and the last one ends (see
-    ``catalog.manifest.ShardInfo``), or None where unknown (the worker then scans a local shard).
+    ``catalog.manifest.ShardInfo``), or None where unknown (the worker then scans a local shard);
+    ``key_crc``, per shard, each sample's key fingerprint where known (checked as samples are read).
     ``stage`` decodes, maps and measures samples (default: the layout's packing alone).
     """
 
@@ -34,6 +35,7 @@ class WorkerConfig:
     byte_sizes: Tuple[Optional[int], ...]
     layout: SampleLayout
     offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
+    key_crc: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     stage: Optional[SampleStage] = field(default=None, compare=False, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     image_check: ImageCheck = ImageCheck(option_default("image_check"))
@@ -53,6 +55,10 @@ class WorkerConfig:
             object.__setattr__(self, "offsets", (None,) * len(self.urls))
         if len(self.offsets) != len(self.urls):
             raise ValueError("one offsets array (or None) per shard URL is required")
+        if not self.key_crc:
+            object.__setattr__(self, "key_crc", (None,) * len(self.urls))
+        if len(self.key_crc) != len(self.urls):
+            raise ValueError("one key fingerprint array (or None) per shard URL is required")
         if self.stage is None:
             object.__setattr__(self, "stage", SampleStage(self.layout))
         object.__setattr__(self, "on_error", OnError(self.on_error))

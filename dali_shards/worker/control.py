@@ -7,8 +7,9 @@ map it in the worker process, so it works with ``fork`` and ``spawn`` alike. Eac
 its own slot (pid, a heartbeat, when it last made progress, whether it is producing a batch, its
 epoch and step, the batches it produced, the shard it reads); the main process reads the slots to
 find a stuck worker, and publishes one word, "epoch E ends at step K", to cut an abandoned epoch
-short. The file is removed with the pipeline; files left by dead processes are removed when the
-next one is created. Imports no DALI.
+short. The file is removed once every worker has mapped it (the iterator looks before each batch),
+or with the pipeline; files left by dead processes are removed when the next one is created.
+Imports no DALI.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class ControlBlock:
         self.owner_pid = os.getpid()
         self._map: Optional[mmap.mmap] = None
         self._finalizer: Optional[weakref.finalize] = None
+        self._unlinked = False
 
     @classmethod
     def create(
@@ -134,6 +136,19 @@ class ControlBlock:
             WorkerStatus(w, *_SLOT.unpack_from(self._map, _HEADER_SIZE + _SLOT_SIZE * w))
             for w in range(self.py_num_workers)
         ]
+
+    def unlink_once_attached(self) -> bool:
+        """Remove the block's file once every worker has mapped it (its slot carries a pid): the
+        mapping stays, and nothing is left behind however the processes end later. True once done."""
+        if self._unlinked or self._map is None:
+            return self._unlinked
+        if all(status.pid for status in self.snapshot()):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self._unlinked = True
+        return self._unlinked
 
     def cut(self, epoch: int, step: int) -> None:
         """Publish that ``epoch`` ends after ``step`` batches of each worker (counted from where

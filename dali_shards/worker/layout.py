@@ -243,11 +243,16 @@ class SampleLayout:
             batch[table_slot(worker, py_num_workers, m)] = self.table_array(samples)
         return batch
 
-    def table_array(self, samples: Sequence[Packed]) -> np.ndarray:
-        """The table of a worker's mini-batch: one header row per sample, then the heap."""
+    def table_size(self, samples: Sequence[Packed]) -> int:
+        """Bytes of the table of a mini-batch (see ``table_array``)."""
+        return len(samples) * self.header_bytes + sum(len(d) for p in samples for _, d in p.parts)
+
+    def table_array(self, samples: Sequence[Packed], out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The table of a worker's mini-batch: one header row per sample, then the heap (offsets in
+        the rows count from the table's start); written into ``out`` (uint8, ``table_size`` bytes)
+        if given."""
         rows = len(samples) * self.header_bytes
-        heap = sum(len(d) for p in samples for _, d in p.parts)
-        table = np.empty(rows + heap, dtype=np.uint8)
+        table = np.empty(self.table_size(samples), dtype=np.uint8) if out is None else out
         headers = table[:rows].view(np.int64).reshape(len(samples), self.header_slots)
         view = memoryview(table)
         offset = rows

@@ -6,6 +6,11 @@ scalar) travels as an int64 scalar; ``bytes`` as 1-D uint8; a NumPy array (or a 
 list or tuple NumPy turns into one) as an array of its dtype and number of dimensions, its shape
 free to vary. Strings, objects and ragged nested lists cannot go to DALI: they are refused with
 an error naming the output. Imports no DALI.
+
+An output's value is taken when the map returns: an array (or ``bytearray``/``memoryview``) that
+the map still holds -- its own buffer, reused for the next sample, or a view of one -- is copied
+then (one ``memcpy`` of the output's bytes; ``bytes``, ints and arrays NumPy made from lists are
+not), so that a map may reuse its buffers.
 """
 
 from __future__ import annotations
@@ -55,13 +60,21 @@ def _array(name: str, value: Any) -> np.ndarray:
             f"output {name!r} is {type(value).__name__} of dtype {array.dtype}, which DALI cannot take: return "
             "an int, bytes or a NumPy array of numbers or bools (encode strings to bytes or token ids)"
         )
-    return native(array)
+    return owned(native(array), value)
+
+
+def owned(array: np.ndarray, value: Any) -> np.ndarray:
+    """``array`` (made from the map's ``value``), copied unless it is a new array no one else holds."""
+    if array is value or array.base is not None or not array.flags.owndata:
+        return array.copy()
+    return array
 
 
 def classify(name: str, value: Any) -> Tuple[OutputSpec, Any]:
     """The spec a value stands for, and the value as it travels (int, uint8 array or array)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return OutputSpec(name, "bytes"), np.frombuffer(value, dtype=np.uint8)
+        data = np.frombuffer(value, dtype=np.uint8)  # bytes cannot change; the other two can
+        return OutputSpec(name, "bytes"), data if isinstance(value, bytes) else data.copy()
     if isinstance(value, str):
         raise OutputTypeError(
             f"output {name!r} is a str, which DALI cannot take: encode it (.encode()) or turn it into token ids"

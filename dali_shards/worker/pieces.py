@@ -5,8 +5,8 @@ Interleaved reading takes every sample by one positioned read of its span (local
 ranged requests fetched ahead in reading order (remote shards, see ``io.rangefetch``), so a worker
 reads parts of hundreds of shards at once without holding a buffer per shard. Memory per worker:
 one sample at a time for local shards (plus up to ``MAX_OPEN`` open files); for remote shards
-``read_window`` plus the requests in flight (``FETCH_THREADS x 2 x`` a request, see
-``io.rangefetch``), whatever the dataset's size: requests of
+``read_window`` (requests in flight included; a request's buffer is freed once its last sample is
+packed, see ``io.rangefetch``) plus one sample being parsed, whatever the dataset's size: requests of
 ``read_window / 2k`` bytes (at least 256 KiB, at most ``chunk_size``), ``k`` the shards a worker
 reads at once (``block / py_num_workers``, or fewer) -- or of a whole piece where the pieces read at
 once fit in the window (one request per piece, as many as whole-shard reads make); smaller ones
@@ -152,8 +152,8 @@ class Interleaved:
         if s in self.failed:
             return Skipped(index, cfg.urls[s], None, self.failed[s])
         try:
+            reader.progress(s)  # the shard of the sample at hand: what the watchdog names if it stops here
             if s not in self.offsets:
-                reader.progress(s)
                 self.offsets[s] = self._offsets(s)
             offs = self.offsets[s]
             if offs is None:
@@ -172,7 +172,12 @@ class Interleaved:
             if self.fetcher is not None:
                 self.fetcher.discard(cfg.urls[s])
             return Skipped(index, cfg.urls[s], None, error.detail)
-        return reader.sample_at(s, i, data, span, index)
+        try:
+            return reader.sample_at(s, i, data, span, index)
+        finally:
+            if k in self.remote:  # packed (or failed): its request's buffer is freed with its last span
+                del data
+                self.fetcher.release(self.remote[k])
 
     def _offsets(self, s: int) -> Optional[np.ndarray]:
         cfg = self.cfg

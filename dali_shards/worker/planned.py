@@ -1,11 +1,11 @@
-"""What one local worker feeds to its parallel external source: padded batches, epoch by epoch.
+"""What one virtual worker emits in the planned mode: per epoch, one *mini-batch* per step --
+its ``mini_batch`` packed samples for that step (padding and stand-ins for skipped samples
+included), nothing about how they reach DALI.
 
-A :class:`WorkerSource` is created in the main process, pickled (or forked) into the DALI worker
-process that owns it, and iterated there once per epoch. Each batch is ``batch_size`` arrays
-long, the same size as every other worker's batch; only this worker's slice
-``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples, one padding slot holds
-its table (table layout, see ``layout``), the other slots hold an empty dummy. The module
-imports no DALI.
+A :class:`WorkerSource` lives in the worker process that reads for it (a transfer starts it
+there: see ``dali_shards.transfer``); ``source.epoch(e)`` is the iterator of epoch ``e``'s
+mini-batches. It stamps its progress in the pipeline's control block and ends an epoch early where
+the main process cut it short. The module imports no DALI.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dali_shards.errors import ShardFormatError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan
 from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.layout import Packed
-from dali_shards.worker.process import ProcessEpochs
 from dali_shards.worker.pieces import Interleaved, read_interleaved, read_segments
 from dali_shards.worker.reader import Item, ShardReader, Skipped
 
@@ -33,28 +33,23 @@ class Ahead(NamedTuple):
     reading: Interleaved
 
 
-class WorkerSource(ProcessEpochs):
-    """The padded batches of one local worker (``config``), one epoch per ``iter()``, starting at
-    ``config.start_epoch``.
-
-    ``iter()`` is also called once in the main process when the pipeline is defined; it stays
-    lazy (nothing is opened before the first batch) and epochs are counted per process. When
-    the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
+class WorkerSource:
+    """The mini-batches of one local worker (``config``), epoch by epoch (``epoch(e)``), stamped in
+    its control-block ``slot``. Nothing is opened before an epoch's first mini-batch is asked for.
+    When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
 
-    _process_state = ("ahead",)
-    ahead: Optional[Ahead] = None
-
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, slot=NO_SLOT):
         if len(config.urls) != len(config.spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
         self.config = config
         self.worker = config.worker
-        self.start_epoch = config.start_epoch
-        self.init_process(config.control)
+        self.slot = slot
+        self.ahead: Optional[Ahead] = None
 
-    def __iter__(self) -> "EpochBatches":
-        return EpochBatches(self, self.next_epoch())
+    def epoch(self, epoch: int) -> "EpochBatches":
+        """The iterator of ``epoch``'s mini-batches."""
+        return EpochBatches(self, epoch)
 
     def plan_for(self, epoch: int) -> EpochPlan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
@@ -101,7 +96,7 @@ def worker_emissions(plan: EpochPlan, v: int, first: int) -> List[Tuple[int, boo
 
 
 class EpochBatches:
-    """Iterator over one epoch's padded batches of one worker."""
+    """Iterator over one epoch's mini-batches of one worker (lists of ``mini_batch`` packed samples)."""
 
     def __init__(self, source: WorkerSource, epoch: int):
         self.source = source
@@ -188,7 +183,7 @@ class EpochBatches:
         cut = self.source.slot.cut_step(self.epoch)
         return self._steps if cut is None else min(cut, self._steps)
 
-    def _batch(self) -> list:
+    def _batch(self) -> List[Packed]:
         src = self.source
         spec = src.config.spec
         samples = []
@@ -208,7 +203,7 @@ class EpochBatches:
                 f"dali_shards internal error: worker {src.config.virtual_worker} ran out of planned samples at step "
                 f"{self._step} of epoch {self.epoch}; please report it"
             ) from None
-        return src.config.layout.worker_batch(samples, src.worker, spec.py_num_workers, spec.batch_size)
+        return samples
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:

@@ -103,6 +103,11 @@ def attach_slot(path: Optional[str], worker: int):
     return slot
 
 
+def entered_pid() -> Optional[int]:
+    """The pid of this process if a source entered it as a worker (see ``entered_process``)."""
+    return _entered
+
+
 def entered_process(owner_pid: Optional[int] = None) -> None:
     """Called when a source first runs in a worker process (not ``owner_pid``, the process that
     built it). The objects inherited from the parent are frozen out of garbage collection, so that

@@ -20,6 +20,8 @@ from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.positioned import sample_in_span
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.io.tarformat import TarReader
+from dali_shards.io.tarheader import printable
+from dali_shards.io.tarscan import key_fingerprint
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
 
@@ -113,10 +115,11 @@ class ShardReader:
                 raise
             log.warning("dali_shards: skipping sample %d of shard %s: %s", position, url, exc.detail)
             return Skipped(index, url, None, exc.detail)
-        return self._pack(sample, url, index)
+        return self._pack(sample, url, index, shard)
 
-    def _pack(self, sample, url: str, index: int) -> Item:
+    def _pack(self, sample, url: str, index: int, shard: int) -> Item:
         try:
+            self._check_key(sample, shard)
             return self.config.stage.pack(sample, index, self.epoch)
         except ShardError as exc:
             if not self.config.skips:
@@ -124,12 +127,26 @@ class ShardReader:
             log.warning("dali_shards: skipping sample %r of shard %s: %s", sample.key, url, exc.detail)
             return Skipped(index, url, sample.key, exc.detail)
 
+    def _check_key(self, sample, shard: int) -> None:
+        """A ``ShardFormatError`` if the sample's key is not the one the shard's index recorded at
+        its position (the shard was rewritten since, its size unchanged)."""
+        recorded = self.config.key_crc[shard]
+        if recorded is None or sample.position >= len(recorded) or key_fingerprint(sample.key) == recorded[sample.position]:
+            return
+        raise ShardFormatError(
+            self.config.urls[shard],
+            f"sample {sample.position} has key {printable(sample.key)!r}, not the key the shard's index recorded there: "
+            "the shard was rewritten after it was indexed (with the same size)",
+            key=sample.key,
+            hint="rebuild its manifest (dali-shards index), or restart so that it is scanned again",
+        )
+
     def _read(self, shard, stream, index, start, stop, select):
         layout, url = self.config.layout, self.config.urls[shard]
         reader = TarReader(stream, url)
         for sample in reader.samples(layout.extensions, start=start, stop=stop, into=layout.destination, select=select):
             self.progress()
-            yield sample.position, self._pack(sample, url, index(sample.position))
+            yield sample.position, self._pack(sample, url, index(sample.position), shard)
         if stop is not None and reader.samples_seen < stop:
             raise ShardFormatError(
                 url,

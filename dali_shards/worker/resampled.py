@@ -1,6 +1,6 @@
-"""What one local worker feeds to its parallel external source in the streaming mode: padded
-batches (same layout as ``planned``) of samples drawn from an endless pass over the
-worker's own shards, exactly ``quota`` per epoch. Imports no DALI."""
+"""What one virtual worker emits in the streaming mode: mini-batches (as ``planned``'s) of samples
+drawn from an endless pass over the worker's own shards, ``steps_per_epoch`` of them per epoch.
+Imports no DALI."""
 
 from __future__ import annotations
 
@@ -10,37 +10,36 @@ from dali_shards.errors import ShardFormatError
 from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
 from dali_shards.plan.resampled import stream_index
 from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.layout import Packed
-from dali_shards.worker.process import ProcessEpochs
 from dali_shards.worker.reader import ShardFailed, ShardReader, Skipped
 
 
-class StreamingWorkerSource(ProcessEpochs):
-    """The padded batches of one local worker (``config``); one epoch per ``iter()``.
+class StreamingWorkerSource:
+    """The mini-batches of one local worker (``config``), epoch by epoch (``epoch(e)``, epochs in
+    order), stamped in its control-block ``slot``.
 
-    The stream position carries over from one epoch to the next within a worker process; a
-    pipeline starting at epoch ``e`` (a fresh start or a resume) begins the stream at cycle ``e``.
+    The stream position carries over from one epoch to the next; a source starting at epoch ``e``
+    (a fresh start or a resume) begins the stream at cycle ``e``.
     """
 
-    _process_state = ("_stream",)
-
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, slot=NO_SLOT):
         self.config = config
         self.worker = config.worker
         self.start_epoch = config.start_epoch
-        self._stream: Optional[Iterator[Packed]] = None  # the endless stream, per process
+        self.slot = slot
+        self._stream: Optional[Iterator[Packed]] = None  # the endless stream
         self._cycle_samples: Optional[int] = None  # samples in one pass over the worker's shards
-        self.init_process(config.control)
 
-    def __iter__(self) -> Iterator[list]:
-        epoch = self.next_epoch()
+    def epoch(self, epoch: int) -> Iterator[List[Packed]]:
+        """The iterator of ``epoch``'s mini-batches."""
         steps = self.config.spec.steps_per_epoch
         if epoch == self.start_epoch and self.config.first_steps is not None:
             steps = self.config.first_steps
         return self._batches(epoch, steps)
 
-    def _batches(self, epoch: int, steps: int) -> Iterator[list]:
-        """``steps`` batches, or fewer if the main process cuts the epoch short."""
+    def _batches(self, epoch: int, steps: int) -> Iterator[List[Packed]]:
+        """``steps`` mini-batches, or fewer if the main process cuts the epoch short."""
         spec, slot = self.config.spec, self.slot
         step = 0
         while step < steps:
@@ -53,7 +52,7 @@ class StreamingWorkerSource(ProcessEpochs):
             samples = [next(self._stream) for _ in range(spec.mini_batch)]
             step += 1
             slot.end(epoch, step)
-            yield self.config.layout.worker_batch(samples, self.worker, spec.py_num_workers, spec.batch_size)
+            yield samples
         slot.end(epoch, step, produced=False)
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:

@@ -21,7 +21,9 @@ from dali_shards.io.tarformat import RawSample
 from dali_shards.worker.decoders import builtin_decoder
 from dali_shards.worker.layout import KEY, INDEX, VALID, Packed, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
-from dali_shards.worker.usercode import Portable, failure, seed_user_rngs
+from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class SampleStage:
@@ -73,7 +75,8 @@ class SampleStage:
                 return decoder(bytes(data))
             except ConfigError:  # it could not be loaded in this process: not the sample's fault
                 raise
-            except Exception as exc:  # noqa: BLE001 - the user's decoder
+            except BaseException as exc:  # noqa: BLE001 - the user's decoder (sys.exit and the like included)
+                interrupted(exc)
                 raise failure(sample.url, sample.key, f"the decoder of field {name!r} ({decoder.name})", exc) from None
         decoder = builtin_decoder(ext, mapped=self.mapped)
         if decoder is None:
@@ -114,7 +117,8 @@ class SampleStage:
             return self.mapper(inputs)
         except (ShardError, ConfigError):  # ConfigError: it could not be loaded in this process
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's map
+        except BaseException as exc:  # noqa: BLE001 - the user's map (sys.exit and the like included)
+            interrupted(exc)
             raise failure(sample.url, sample.key, f"map ({self.mapper.name})", exc) from None
 
     def outputs(
@@ -160,8 +164,15 @@ class SampleStage:
 
     def _length(self, sample: RawSample, values: Any) -> int:
         try:
-            return int(self.bucket_by(values))
+            length = int(self.bucket_by(values))
         except ConfigError:  # it could not be loaded in this process: not the sample's fault
             raise
-        except Exception as exc:  # noqa: BLE001 - the user's bucket_by
+        except BaseException as exc:  # noqa: BLE001 - the user's bucket_by (sys.exit and the like included)
+            interrupted(exc)
             raise failure(sample.url, sample.key, f"bucket_by ({self.bucket_by.name})", exc) from None
+        if not INT64_MIN <= length <= INT64_MAX:
+            raise ShardMapError(
+                sample.url, f"bucket_by ({self.bucket_by.name}) returned {length}, which does not fit in int64",
+                key=sample.key, hint="return the sample's length: a number of tokens, frames, bytes...",
+            )  # fmt: skip
+        return length

@@ -25,6 +25,7 @@ import dill
 import numpy as np
 
 from dali_shards.errors import ConfigError, ShardMapError
+from dali_shards.worker.process import entered_pid
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -114,6 +115,20 @@ class KeptRngs:
         np.random.set_state(npy)
         if tch is not None:
             sys.modules["torch"].set_rng_state(tch)
+
+
+def interrupted(exc: BaseException) -> None:
+    """Re-raise ``exc`` if it is a Ctrl-C of the process that builds the pipeline (in a worker
+    process, which ignores SIGINT, a ``KeyboardInterrupt`` can only come from the user's code);
+    any other exception of user code, ``SystemExit`` and ``GeneratorExit`` included, is the
+    sample's failure."""
+    if isinstance(exc, KeyboardInterrupt) and not in_worker_process():
+        raise exc
+
+
+def in_worker_process() -> bool:
+    """True in a pipeline's worker process (once a source ran in it)."""
+    return entered_pid() == os.getpid()
 
 
 def failure(url: str, key: str, where: str, exc: BaseException, hint: str = "") -> ShardMapError:

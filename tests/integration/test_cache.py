@@ -212,7 +212,7 @@ def test_temp_files_of_killed_workers_are_removed_and_live_ones_counted(tmp_path
         assert select.select([proc.stdout], [], [], 60)[0], "the writer did not start within 60 s"
         assert proc.stdout.readline().strip() == "ready"
         live = ShardCache(d)
-        assert live.usage() == 100_000, "a live writer's temporary file counts"
+        assert live.usage() == 300_000, "a live writer's temporary file counts, at the size it reserved"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -239,3 +239,122 @@ def test_live_temp_files_count_towards_the_limit(tmp_path):
     assert cache.lookup("s3://b/a.tar") is None and cache.lookup("s3://b/b.tar", 100)
     writing.abandon()
     assert cache.usage() == 100
+
+
+# -- 22.9: the limit holds at every moment -------------------------------------------------------
+def write_mixed(d):
+    """12 shards of about 1 to 14 MB (random samples of 256-768 KB): most span several ranged
+    requests of the default ``chunk_size`` (8 MB); their manifest. Returns the samples' count."""
+    import numpy as np
+
+    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.tools.writer import ShardWriter
+
+    rng = np.random.default_rng(9)
+    paths, key = [], 0
+    for s, mb in enumerate((1, 9, 3, 14, 2, 11, 6, 12, 4, 10, 5, 13)):
+        with ShardWriter(str(d / f"mixed{s:02d}-%d.tar"), max_count=10**6) as w:
+            for _ in range(2 * mb):
+                w.write({"__key__": f"{key:06d}", "bin": rng.bytes(int(rng.integers(256 << 10, 768 << 10)))})
+                key += 1
+        paths += w.paths
+    write_manifest(str(d / "manifest.json"), scan_shards(paths))
+    return key
+
+
+class FolderPeak:
+    """The largest total size of the files in ``directory``, sampled from a thread every 2 ms."""
+
+    def __init__(self, directory):
+        import threading
+
+        self.directory, self.peak, self.samples = str(directory), 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        import time
+
+        while not self._stop.is_set():
+            total = 0
+            if os.path.isdir(self.directory):
+                with os.scandir(self.directory) as it:
+                    for e in it:
+                        try:
+                            total += e.stat().st_size
+                        except OSError:  # removed meanwhile
+                            pass
+            self.peak, self.samples = max(self.peak, total), self.samples + 1
+            time.sleep(0.002)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def test_the_cache_limit_holds_at_every_moment_of_an_epoch(tmp_path):
+    """The issue's case, smaller: contiguous runs of mixed-size shards over HTTP, 2 workers, a limit
+    of about a third of the data. Copies being written used to count only at the size they had
+    reached when another was admitted, and eviction ran only then: the folder held up to 2.5x the
+    limit in the middle of an epoch. Now a copy's full size is reserved when it starts."""
+    from collections import Counter
+
+    data = tmp_path / "mixed"
+    data.mkdir()
+    total = write_mixed(data)
+    dataset = sum(os.path.getsize(data / f) for f in os.listdir(data) if f.endswith(".tar"))
+    limit = 30 << 20
+    assert dataset > 2 * limit
+    cache_dir = tmp_path / "cache"
+    with HTTPShardServer(str(data)) as server:
+
+        @sharded_pipeline(f"{server.url}/manifest.json", fields=("__index__", "__valid__"), batch_size=4,
+                          py_num_workers=2, shuffle=True, shuffle_block=0, cache_dir=str(cache_dir),
+                          cache_limit=limit, num_threads=1, device_id=None)  # fmt: skip
+        def pipe(index, valid):
+            return index, valid
+
+        folder = FolderPeak(cache_dir)
+        try:
+            epochs = run_epochs(pipe(), 2)
+        finally:
+            peak = folder.stop()
+    for epoch in epochs:
+        seen = Counter(int(i) for index, valid in epoch for i, v in zip(index, valid) if v)
+        assert sorted(seen) == list(range(total)) and max(seen.values()) == 1
+    assert folder.samples > 100, "sampled throughout"
+    assert peak <= limit, f"{peak / 1e6:.1f} MB on disk at the peak, the limit is {limit / 1e6:.1f} MB"
+    assert peak > limit / 2, "the cache was used up to near its limit"
+
+
+def test_a_copy_is_reserved_at_its_full_size_or_not_made(tmp_path):
+    cache = ShardCache(str(tmp_path), limit=1000)
+    old = cache.writer("s3://b/old.tar", 300)
+    old.write(0, b"o" * 300)
+    old.complete()
+    first = cache.writer("s3://b/first.tar", 600)
+    assert first is not None and cache.usage() == 900, "reserved at its full size before any byte"
+    first.write(0, b"f" * 100)
+    assert cache.usage() == 900
+    second = cache.writer("s3://b/second.tar", 400)
+    assert second is not None and cache.lookup("s3://b/old.tar") is None, "the old entry made room"
+    assert cache.usage() == 1000
+    assert cache.writer("s3://b/third.tar", 100) is None, "the room is reserved by copies being written"
+    sizeless = cache.writer("s3://b/sizeless.tar")  # the size comes with the first answer
+    sizeless.begin(None)
+    sizeless.write(0, b"s" * 10)
+    sizeless.complete(10)
+    assert cache.lookup("s3://b/sizeless.tar") is None, "under a limit, a copy of unknown size is not made"
+    second.write(0, b"s" * 401)
+    assert cache.usage() == 600, "a copy growing past its reservation is abandoned"
+    first.write(100, b"f" * 500)
+    first.complete(600)
+    assert cache.lookup("s3://b/first.tar", 600) and cache.usage() == 600
+    later = cache.writer("s3://b/later.tar")
+    later.begin(300)
+    assert cache.usage() == 900, "reserved when the first answer tells the size"
+    later.write(0, b"l" * 300)
+    later.complete(300)
+    assert cache.lookup("s3://b/later.tar", 300) and open(cache.path_for("s3://b/later.tar"), "rb").read() == b"l" * 300

@@ -59,10 +59,12 @@ def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_d
         assert_exactly_once(seen)
         assert data == local
         assert http.faults.fail == 0 and http.faults.cut == 0, "the faults happened and were retried"
-        gets = [r for p, r in http.faults.requests if p.endswith(".tar")]
+        gets = [r for p, r in http.faults.requests if p.endswith(".tar") and r != "bytes=0-0"]  # (not the probes)
         assert gets and all(r and r.startswith("bytes=") for r in gets), "ranged requests only"
         info = pipeline_info(pipes[0])
-        pieces = sum(len(info.plan(e).worker_pieces(v)) for e in range(3) for v in range(4))  # epoch 2: read ahead
+        # epochs 2 and 3 may be read ahead: the ring's workers begin epoch 2 while epoch 1 is taken, and
+        # fetch the next epoch's pieces once the current epoch's are all fetched
+        pieces = sum(len(info.plan(e).worker_pieces(v)) for e in range(4) for v in range(4))
         assert len(gets) <= pieces + 2 < 3 * sum(SIZES), "one request per piece (+ 2 cut off), not one per sample"
 
 
@@ -71,29 +73,30 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
     from dali_shards.pipeline.resolve import resolve
     from dali_shards.worker.planned import WorkerSource
 
-    def slots(source):
-        """One epoch of a worker source, every slot's bytes (padding and table included)."""
-        return [bytes(memoryview(x)) for batch in iter(source) for x in batch]
+    def samples(source, epoch):
+        """One epoch of a worker source, every sample's table bytes (padding included)."""
+        layout = source.config.layout
+        return [bytes(layout.table_array(batch)) for batch in source.epoch(epoch)]
 
     with HTTPShardServer(str(shard_dir)) as http:
         options = ShardedOptions.from_keywords(source=f"{http.url}/{PATTERN}", fields=("__index__", "jpg"),
                                                batch_size=4, py_num_workers=2, shuffle=True, seed=5)  # fmt: skip
         config = resolve(options).workers[1]
         source = WorkerSource(config)
-        assert slots(source)
+        assert samples(source, 0)
         ahead = source.ahead
         assert ahead is not None and ahead.plan.epoch == 1, "epoch 1 started before it was asked for"
         deadline = time.monotonic() + 10
         while not ahead.reading.fetcher.fetched_all and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ahead.reading.fetcher.requests_made == len(ahead.reading.fetcher._requests) > 0
-        second = slots(source)
+        second = samples(source, 1)
         assert source.ahead is not None and source.ahead.plan.epoch == 2, "and epoch 2 while epoch 1 was read"
 
         plain = WorkerSource(config)
-        slots(plain)
+        samples(plain, 0)
         plain.take_ahead(-1)  # dropped: epoch 1 read from scratch
-        assert plain.ahead is None and slots(plain) == second, "the same batches with or without a head start"
+        assert plain.ahead is None and samples(plain, 1) == second, "the same batches with or without a head start"
 
 
 def test_s3_pieces_exactly_once(shard_dir, local):

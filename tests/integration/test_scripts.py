@@ -195,6 +195,8 @@ def test_throughput_benchmark_runs(tmp_path):
             "1",
             "--modes",
             "bytes",
+            "--workers",
+            "1,2",
             "--data-dir",
             str(tmp_path / "data"),
             "--out",
@@ -205,9 +207,11 @@ def test_throughput_benchmark_runs(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(result.read_text())
-    loaders = report["results"]["bytes"]
-    assert set(loaders) == {"dali_shards", "native_webdataset", "plain_4892"}
-    assert all(r["samples_per_s"] > 0 for r in loaders.values())
+    runs = {(r["loader"], r["workers"]): r for r in report["results"]}
+    assert set(runs) == {("ring", 1), ("merge", 1), ("ring", 2), ("merge", 2), ("native_webdataset", 1),
+                         ("plain_4892", 2)}  # fmt: skip
+    assert all(r["samples_per_s"] > 0 and r["main_process_cpu_ms_per_step"] > 0 for r in runs.values())
+    assert "bytes_ring_vs_merge_2_workers" in report["ratios"]
     assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from dali_shards.testing.processes import gone, wait_gone
+
 HARD_LIMIT = 120  # seconds: no case may hang the test run
 
 COMMON = textwrap.dedent(
@@ -22,7 +24,7 @@ COMMON = textwrap.dedent(
 
     def make(paths, **kw):
         @sharded_pipeline(paths, fields=("jpg", "__index__"), batch_size=4, py_num_workers=2, shuffle=True,
-                          shuffle_buffer=8, num_threads=1, device_id=None, **kw)
+                          shuffle_buffer=8, num_threads=1, device_id=None, transfer=os.environ["TRANSFER"], **kw)
         def p(jpg, index):
             return index
         return p
@@ -60,7 +62,7 @@ ORPHAN_SCRIPT = COMMON + textwrap.dedent(
         it = made["it"]
         for _ in range(3):
             next(it)  # the workers work (after the building thread ended, too)
-        print("PIDS", *made["pipe"]._py_pool.pids(), flush=True)
+        print("PIDS", *made["pipe"].dali_shards.transfer.pids(), flush=True)
         time.sleep(HARD_LIMIT)
     """
 ).replace("HARD_LIMIT", str(HARD_LIMIT))
@@ -76,7 +78,7 @@ STUCK_SCRIPT = COMMON + textwrap.dedent(
             next(it)
     else:
         next(it)
-    pids = pipe._py_pool.pids()
+    pids = pipe.dali_shards.transfer.pids()
     os.kill(pids[0], signal.SIGSTOP)  # one worker hangs (as in a dead NFS mount or a deadlock)
     print("PIDS", *pids, flush=True)
     # which source that process runs, by its own stamp (DALI's process order is not the sources')
@@ -117,29 +119,7 @@ LOCKED_SCRIPT = COMMON + textwrap.dedent(
 )
 
 
-def gone(pid):
-    """True once ``pid`` has exited (a zombie counts as gone: it holds no memory or files)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-
-def wait_gone(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not all(gone(p) for p in pids):
-        time.sleep(0.1)
-    return [p for p in pids if not gone(p)]
-
-
-def start(tmp_path, script, *args):
+def start(tmp_path, script, *args, transfer="ring"):
     path = tmp_path / "job.py"
     path.write_text(script)
     return subprocess.Popen(
@@ -147,7 +127,7 @@ def start(tmp_path, script, *args):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFER": transfer},
         preexec_fn=_default_signals,  # a run under nohup (SIGHUP ignored) or a shell that ignores SIGINT
     )
 
@@ -191,8 +171,8 @@ def cleanup(proc, pids):
     ],
     ids=["fork-SIGKILL", "fork-SIGTERM", "fork-SIGHUP", "fork-from-thread-SIGKILL", "spawn-SIGKILL"],
 )
-def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, where, sig):
-    proc = start(tmp_path, ORPHAN_SCRIPT, method, where)
+def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, where, sig, transfer):
+    proc = start(tmp_path, ORPHAN_SCRIPT, method, where, transfer=transfer)
     pids = read_pids(proc)
     try:
         assert len(pids) == 2 and not any(gone(p) for p in pids)
@@ -207,8 +187,8 @@ def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, wh
 
 
 @pytest.mark.parametrize("when", ["mid-epoch", "epoch-end"])
-def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, when):
-    proc = start(tmp_path, STUCK_SCRIPT, 3, when)
+def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, when, transfer):
+    proc = start(tmp_path, STUCK_SCRIPT, 3, when, transfer=transfer)
     pids = read_pids(proc)
     try:
         out, err = proc.communicate(timeout=HARD_LIMIT)
@@ -226,7 +206,8 @@ def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, w
 
 
 def test_a_worker_that_ends_holding_its_task_queue_lock_is_an_error_not_a_hang(tmp_path):
-    proc = start(tmp_path, LOCKED_SCRIPT)
+    """DALI's pool (the merge transfer) shares a lock with each worker; the ring has none."""
+    proc = start(tmp_path, LOCKED_SCRIPT, transfer="merge")
     pids = read_pids(proc)
     try:
         out, err = proc.communicate(timeout=HARD_LIMIT)
@@ -238,8 +219,8 @@ def test_a_worker_that_ends_holding_its_task_queue_lock_is_an_error_not_a_hang(t
         cleanup(proc, pids)
 
 
-def test_ctrl_c_ends_the_run_while_a_worker_is_stopped(tmp_path):
-    proc = start(tmp_path, STUCK_SCRIPT, "default", "mid-epoch")  # a long worker timeout: the main process waits
+def test_ctrl_c_ends_the_run_while_a_worker_is_stopped(tmp_path, transfer):
+    proc = start(tmp_path, STUCK_SCRIPT, "default", "mid-epoch", transfer=transfer)  # the main process waits
     pids = read_pids(proc)
     try:
         time.sleep(3)  # the main process now waits for the stopped worker

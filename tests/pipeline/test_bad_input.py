@@ -61,7 +61,7 @@ def tar_with(path, members):
             tar.addfile(info, io.BytesIO(data))
 
 
-def run(source, on_error, world=2):
+def run(source, on_error, world=2, transfer="ring"):
     """Every rank's epoch: (valid indices per rank, steps per rank, audits)."""
 
     @sharded_pipeline(
@@ -75,6 +75,7 @@ def run(source, on_error, world=2):
         on_error=on_error,
         num_threads=1,
         device_id=None,
+        transfer=transfer,
     )
     def pipe(jpg, cls, index):
         return fn.resize(decode_image(jpg), size=(16, 16)), cls, index
@@ -90,19 +91,25 @@ def run(source, on_error, world=2):
     return seen, steps, audits
 
 
-def check_skip(source, lost):
-    """on_error="skip": everything but ``lost`` exactly once, equal steps, ``lost`` in the audits."""
-    seen, steps, audits = run(source, "skip")
+def check_skip(source, lost, damaged=(), transfer="ring"):
+    """on_error="skip": everything but ``lost`` exactly once, equal steps, ``lost`` in the audits,
+    and the shards counted short at the start (``damaged``: (name, samples read, lost at least))
+    listed by every rank's audit."""
+    seen, steps, audits = run(source, "skip", transfer=transfer)
     counts = Counter(i for rank in seen for i in rank)
     assert max(counts.values()) == 1 and len(set(steps)) == 1
     skipped = sorted({i for a in audits for i in a["skipped"]})
     assert skipped == sorted(lost)
+    for audit in audits:
+        listed = [(os.path.basename(e["shard"]), e["samples_read"], e["lost_at_least"]) for e in audit["lost_shards"]]
+        assert listed == list(damaged) and audit["lost"] == sum(n for _, _, n in damaged)
+        assert all(e["damage"] for e in audit["lost_shards"])
     return counts
 
 
-def check_raise(source, error_type, *needles):
+def check_raise(source, error_type, *needles, transfer="ring"):
     with pytest.raises(error_type) as err:
-        run(source, "raise")
+        run(source, "raise", transfer=transfer)
     text = str(err.value)
     for needle in needles:
         assert needle in text, text
@@ -159,11 +166,11 @@ def repeated_key(path):  # a key that comes back later: webdataset makes two sam
     ],
     ids=["sample missing a field", "non-integer .cls", "undecodable image bytes", "duplicate member", "duplicate key"],
 )
-def test_a_bad_sample(tmp_path, bad, error_type, key, lost_positions):
+def test_a_bad_sample(tmp_path, bad, error_type, key, lost_positions, transfer):
     source = dataset(tmp_path, bad)
-    error = check_raise(source, error_type, "s-1.tar", f"sample '{key}'")
+    error = check_raise(source, error_type, "s-1.tar", f"sample '{key}'", transfer=transfer)
     assert error.url.endswith("s-1.tar") and error.key == key
-    check_skip(source, [6 + p for p in lost_positions])  # s-1 starts at __index__ 6
+    check_skip(source, [6 + p for p in lost_positions], transfer=transfer)  # s-1 starts at __index__ 6
 
 
 # -- a whole shard (or its rest) unreadable ----------------------------------------------
@@ -195,9 +202,11 @@ def test_a_damaged_shard(tmp_path, bad, message, prefix):
     # scanned at start: the error names the shard before any worker starts
     error = check_raise(source, ShardFormatError, "s-1.tar", message)
     assert error.url.endswith("s-1.tar")
-    # skip: the complete samples before the damage are used, the rest were never part of the epoch
+    # skip: the complete samples before the damage are used, the rest were never part of the epoch;
+    # the audit lists the shard and counts the sample seen in part before the damage (those after it
+    # cannot be counted)
     assert [s.samples for s in scan_shards(source, on_error="skip")] == [6, prefix, 5, 7]
-    counts = check_skip(source, [])
+    counts = check_skip(source, [], [("s-1.tar", prefix, 1)])
     assert sorted(counts) == list(range(6 + prefix + 5 + 7))
     # with a manifest written before the damage, the workers meet it: the lost samples are listed
     healthy = tmp_path / "healthy"
@@ -223,13 +232,14 @@ def with_manifest(tmp_path, replace_s1):
     return manifest
 
 
-def test_a_missing_shard(tmp_path):
+def test_a_missing_shard(tmp_path, transfer):
     source = dataset(tmp_path, lambda p: None)
-    check_raise(source, ShardAccessError, "s-1.tar", "file not found")
-    check_skip(source, [])  # skip: counted as empty at start, with a warning
+    check_raise(source, ShardAccessError, "s-1.tar", "file not found", transfer=transfer)
+    # skip: counted as empty at start, with a warning and in the audit
+    check_skip(source, [], [("s-1.tar", 0, 0)], transfer=transfer)
     manifest = with_manifest(tmp_path / "m", lambda p: None)  # a worker meets it
-    check_raise(manifest, ShardAccessError, "s-1.tar", "file not found")
-    check_skip(manifest, [6, 7, 8, 9])
+    check_raise(manifest, ShardAccessError, "s-1.tar", "file not found", transfer=transfer)
+    check_skip(manifest, [6, 7, 8, 9], transfer=transfer)
 
 
 def test_an_unreadable_shard(tmp_path):

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
 from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
@@ -118,6 +119,48 @@ def test_a_remote_shard_of_another_size_than_its_manifest_fails_when_opened(tmp_
             s.read()
 
 
+# -- 22.2: a folder reads what its manifest lists -----------------------------------------------------
+@pytest.fixture
+def folder_with_leftovers(tmp_path):
+    """A folder written twice: 5 shards of 8 samples, then 2 shards of 8 (new content) and their
+    manifest, the 3 older shards left over."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(5):
+        write_shard(str(out / f"s-{i:06d}.tar"), samples(100 + 8 * i, 8))
+    fresh = [str(out / f"s-{i:06d}.tar") for i in range(2)]
+    for i, path in enumerate(fresh):
+        write_shard(path, samples(8 * i, 8))
+    write_manifest(str(out / "manifest.json"), scan_shards(fresh))
+    return out
+
+
+def test_a_folder_reads_exactly_what_its_manifest_lists(folder_with_leftovers, caplog):
+    out = folder_with_leftovers
+    with caplog.at_level("WARNING", logger="dali_shards"):
+        shards = resolve_source(str(out))
+    assert [os.path.basename(s.url) for s in shards] == ["s-000000.tar", "s-000001.tar"]
+    warnings = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(warnings) == 1 and all(f"s-00000{i}.tar" in warnings[0] for i in (2, 3, 4))
+    (epoch,) = run_epochs(txt_pipeline(str(out))(), 1)
+    seen = Counter(int(i) for index, valid in epoch for i, v in zip(index, valid) if v)
+    assert sorted(seen) == list(range(16)) and max(seen.values()) == 1
+
+
+def test_a_glob_that_matches_shards_its_manifest_does_not_list_warns_naming_them(folder_with_leftovers, caplog):
+    out = folder_with_leftovers
+    with caplog.at_level("WARNING", logger="dali_shards"):
+        shards = resolve_source(str(out / "*.tar"))
+    assert len(shards) == 5  # a pattern reads what it matches...
+    text = caplog.text  # ...and says which of them the manifest beside them does not list
+    assert "does not list" in text and all(f"s-00000{i}.tar" in text for i in (2, 3, 4))
+    assert "s-000000.tar" not in text.split("does not list")[1]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dali_shards"):
+        resolve_source(str(out / "s-{000000..000001}.tar"))
+    assert "does not list" not in caplog.text
+
+
 # -- 10.13: manifest fields and duplicate shards ---------------------------------------------------
 GOOD = {"url": "a.tar", "samples": 3, "bytes": 10240, "ext_bytes": {"txt": 30}}
 
@@ -183,3 +226,68 @@ def test_a_shard_listed_twice_is_refused(indexed, tmp_path):
     with pytest.raises(ConfigError, match=r"d-0\.tar.*twice.*entr(y|ies) 0.*3") as err:
         read_manifest(manifest)
     assert manifest in str(err.value)
+
+
+# -- 22.10: a shard rewritten with the same size ------------------------------------------------------
+def equal_samples(start, count):
+    return [{"__key__": f"k{i:04d}", "txt": f"sample {i:04d}".encode()} for i in range(start, start + count)]
+
+
+@pytest.fixture
+def equal_sized(tmp_path):
+    """12 shards of 20 equal-size samples and their manifest; then shard 3 rewritten with its samples
+    in reverse order: the same byte size, every sample somewhere else."""
+    paths = [str(tmp_path / f"e-{i:02d}.tar") for i in range(12)]
+    for i, path in enumerate(paths):
+        write_shard(path, equal_samples(20 * i, 20))
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(paths))
+    size = os.path.getsize(paths[3])
+    write_shard(paths[3], equal_samples(60, 20)[::-1])
+    assert os.path.getsize(paths[3]) == size
+    return paths, manifest
+
+
+def keyed_pipeline(source, **kw):
+    @sharded_pipeline(source, fields=("__index__", "__key__"), batch_size=4, py_num_workers=2, shuffle=True,
+                      num_threads=1, device_id=None, **kw)  # fmt: skip
+    def pipe(index, key):
+        return index, key
+
+    return pipe
+
+
+@pytest.mark.parametrize("block", [256, 0])  # interleaved (each sample at its span) and contiguous runs
+def test_a_shard_rewritten_with_the_same_size_is_caught_sample_by_sample(equal_sized, block):
+    paths, manifest = equal_sized
+    pipe = keyed_pipeline(manifest, shuffle_block=block)
+    assert pipe().dali_shards.plan(0).interleaving == bool(block)
+    with pytest.raises(ShardFormatError, match=r"e-03\.tar.*not the key the shard's index recorded there"):
+        list(DALIShardedIterator(pipe(), ["index", "key"]))
+    it = DALIShardedIterator(pipe(on_error="skip"), ["index", "key"], audit=True)
+    for (b,) in it:  # what arrives is what it says it is
+        for index, key in zip(b["index"].tolist(), b["key"]):
+            assert bytes(key.tolist()).decode() == f"k{index:04d}"
+    assert it.audits[0]["skipped"] == list(range(60, 80)) and it.audits[0]["exactly_once"]
+
+
+def test_a_scanned_shard_rewritten_after_the_start_is_caught(tmp_path):
+    paths = [str(tmp_path / f"e-{i:02d}.tar") for i in range(12)]
+    for i, path in enumerate(paths):
+        write_shard(path, equal_samples(20 * i, 20))
+    pipe = keyed_pipeline(paths)()  # scanned here
+    write_shard(paths[3], equal_samples(60, 20)[::-1])
+    with pytest.raises(ShardFormatError, match=r"e-03\.tar.*not the key the shard's index recorded there"):
+        list(DALIShardedIterator(pipe, ["index", "key"]))
+
+
+def test_key_fingerprints_round_trip_through_the_manifest(equal_sized, tmp_path):
+    paths, manifest = equal_sized
+    (info,) = [s for s in read_manifest(manifest) if s.url.endswith("e-00.tar")]
+    assert list(info.key_crc) == list(scan_shards([paths[0]])[0].key_crc)
+    doc = json.load(open(manifest))
+    doc["shards"][0]["key_crc32"] = "not base64!"
+    bad = str(tmp_path / "bad.json")
+    json.dump(doc, open(bad, "w"))
+    with pytest.raises(ConfigError, match='entry 0: "key_crc32" must be'):
+        read_manifest(bad)

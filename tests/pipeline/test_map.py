@@ -4,6 +4,7 @@ modes, .npy fields, and a detection-style pipeline on the built-in photos."""
 
 import io
 import json
+import time
 from collections import Counter
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 from nvidia.dali import fn, types
 
-from dali_shards import ConfigError, ShardMapError, sharded_pipeline
+from dali_shards import ConfigError, ShardMapError, WorkerError, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images, write_sample_shards
 from dali_shards.testing.pipelines import run_epochs
@@ -284,3 +285,62 @@ def test_the_streaming_mode_maps_too(shards):
 
     steps = run_epochs(pipe(), 1)[0]
     assert len(steps) == 4 and all(a.dtype == np.int32 and a.shape == (2,) and a[0] == a[1] for (v,) in steps for a in v)
+
+
+BUF = np.zeros(4, dtype=np.int64)
+
+
+def reusing_map(s):
+    """A map that returns its own buffer, and a view of it, reused for every sample."""
+    BUF[:] = s["__index__"]
+    return {"x": BUF, "y": BUF[1:3], "z": memoryview(BUF.view(np.uint8))}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_map_may_reuse_its_buffers(tmp_path, workers):
+    """Each output's value is taken when the map returns: no sample carries another's values."""
+    paths = [str(tmp_path / f"r-{i}.tar") for i in range(4)]
+    for i, path in enumerate(paths):
+        write_shard(path, [{"__key__": f"k{30 * i + j:04d}", "txt": b"x"} for j in range(30)])
+
+    @sharded_pipeline(paths, fields=("__index__", "txt"), map=reusing_map, batch_size=4 * workers,
+                      py_num_workers=workers, shuffle=True, num_threads=1, device_id=None)  # fmt: skip
+    def pipe(x, y, z, __index__, __valid__):
+        return x, y, z, __index__, __valid__
+
+    seen = []
+    for x, y, z, index, valid in run_epochs(pipe(), 1)[0]:
+        for i in range(len(index)):
+            want = int(index[i])
+            assert (x[i] == want).all() and (y[i] == want).all(), (x[i], y[i], want)
+            assert (np.frombuffer(z[i].tobytes(), dtype=np.int64) == want).all()
+            seen += [want] if valid[i] else []
+    assert sorted(seen) == list(range(120))
+
+
+def hang_on_k0025(s):
+    if s["__key__"] == "k0025":
+        time.sleep(600)
+    return {"i": s["__index__"]}
+
+
+def test_a_map_that_hangs_is_reported_in_the_shard_of_its_sample(tmp_path):
+    """Interleaving reads a sample of another shard each time: the watchdog names the shard of the
+    sample the map hangs on, not the shard the worker opened last."""
+    paths = [str(tmp_path / f"h-{i:04d}.tar") for i in range(12)]
+    for i, path in enumerate(paths):
+        write_shard(path, [{"__key__": f"k{10 * i + j:04d}", "txt": b"x"} for j in range(10)])
+
+    @sharded_pipeline(paths, fields=("__index__", "txt"), map=hang_on_k0025, batch_size=4, py_num_workers=2,
+                      shuffle=True, num_threads=1, device_id=None, worker_timeout=2)  # fmt: skip
+    def pipe(i):
+        return i
+
+    pipe_ = pipe()
+    assert pipe_.dali_shards.plan(0).interleaving
+    with pytest.raises(WorkerError) as err:
+        for _ in DALIShardedIterator(pipe_, ["i"]):
+            pass
+    message = str(err.value)
+    assert "made no progress" in message and "h-0002.tar" in message, message
+    assert not any(f"h-{i:04d}.tar" in message for i in range(12) if i != 2), message

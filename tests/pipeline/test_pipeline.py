@@ -35,9 +35,10 @@ def index_pipeline(source, **kw):
         (4, 4, 4, True, "pad"),  # 16 virtual workers, shards of 0..17 samples
     ],
 )
-def test_pipelines_deliver_the_plan_exactly_once(photo_shards, world, workers, batch, shuffle, last_batch):
+def test_pipelines_deliver_the_plan_exactly_once(photo_shards, world, workers, batch, shuffle, last_batch, transfer):
     make = index_pipeline(
         photo_shards["pattern"],
+        transfer=transfer,
         batch_size=batch,
         py_num_workers=workers,
         shuffle=shuffle,
@@ -100,13 +101,14 @@ def test_more_virtual_workers_than_samples(tmp_path, workers):
     assert sorted(seen) == [0, 1, 2] and max(seen.values()) == 1
 
 
-@pytest.fixture(params=["packed", "table"])
+@pytest.fixture(params=["one worker", "two workers"])
 def workers(request):
-    """Workers per rank: one worker uses the packed layout, more use the table layout."""
-    return {"packed": 1, "table": 2}[request.param]
+    """Workers per rank: under the merge transfer one worker uses the packed layout, more use the
+    table layout (the ring uses its table whatever the number)."""
+    return {"one worker": 1, "two workers": 2}[request.param]
 
 
-def test_labels_keys_and_images_match(photo_shards, workers):
+def test_labels_keys_and_images_match(photo_shards, workers, transfer):
     photos = sample_images()
     originals = [open(p.path, "rb").read() for p in photos]
 
@@ -120,6 +122,7 @@ def test_labels_keys_and_images_match(photo_shards, workers):
         seed=3,
         num_threads=2,
         device_id=None,
+        transfer=transfer,
     )
     def pipe(jpg, cls, key, index, valid):
         return jpg, decode_image(jpg), cls, key, index, valid
@@ -127,7 +130,7 @@ def test_labels_keys_and_images_match(photo_shards, workers):
     checked = 0
     for rank in range(2):
         p = pipe(rank=rank)
-        assert pipeline_info(p).layout.table == (workers > 1)
+        assert pipeline_info(p).layout.table == (workers > 1 or transfer == "ring")
         (steps,) = run_epochs(p, 1)
         for jpg, image, cls, key, index, valid in steps:
             for j, img, c, k, i, v in zip(jpg, image, cls, key, index, valid):
@@ -209,10 +212,23 @@ def test_configuration_errors(photo_shards):
         index_pipeline(photo_shards["pattern"], batch_size=5, py_num_workers=2)()
     with pytest.raises(EmptyDatasetError):
         index_pipeline(photo_shards["pattern"], batch_size=48, py_num_workers=1, last_batch="drop")()
-    with pytest.raises(TypeError, match="unexpected keyword"):
+    with pytest.raises(ConfigError, match="unknown keyword.*'no_such_option'"):
         index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2)(no_such_option=1)
+    with pytest.raises(ConfigError, match="'shufle' \\(did you mean 'shuffle'\\?\\)"):
+        index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2)(shufle=True)
     with pytest.raises(ConfigError, match="fields"):
         sharded_pipeline(photo_shards["pattern"], fields="jpg", batch_size=2, py_num_workers=1)
+
+
+def test_a_misspelled_option_is_refused_when_the_decorator_runs(photo_shards, capfd):
+    """Not later, inside DALI's Pipeline (a TypeError and a Pipeline.__del__ traceback)."""
+    with pytest.raises(ConfigError, match="'shufle' \\(did you mean 'shuffle'\\?\\)") as err:
+        sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, shufle=True)
+    assert isinstance(err.value, TypeError)  # also what Python raises for an unexpected keyword
+    with pytest.raises(ConfigError, match="'num_thread' \\(did you mean 'num_threads'\\?\\)"):
+        sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, num_thread=1)
+    sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, enable_conditionals=True)
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_function_parameters_and_overrides(photo_shards):

@@ -157,8 +157,8 @@ def produced(pipe, epoch):
 
 
 @pytest.mark.parametrize("worker_prefetch", [1, 2])
-def test_reset_mid_epoch_costs_about_the_prefetch_depth(photo_shards, worker_prefetch):
-    factory = long_epoch_pipe(photo_shards["pattern"], worker_prefetch=worker_prefetch)
+def test_reset_mid_epoch_costs_about_the_prefetch_depth(photo_shards, worker_prefetch, transfer):
+    factory = long_epoch_pipe(photo_shards["pattern"], worker_prefetch=worker_prefetch, transfer=transfer)
     pipe = factory()
     it = DALIShardedIterator(pipe, ["index"], audit=True)
     steps = len(it)

@@ -59,8 +59,9 @@ def uninterrupted(photo_shards):
 
 
 @pytest.mark.parametrize("consumed", [0, 1, 2, 3, 4, "epoch end"])
-def test_state_round_trips_at_every_point(photo_shards, uninterrupted, consumed):
-    train = make(photo_shards["pattern"])
+def test_state_round_trips_at_every_point(photo_shards, uninterrupted, consumed, transfer):
+    """(``uninterrupted`` ran on the default transfer: both give the same batches.)"""
+    train = make(photo_shards["pattern"], transfer=transfer)
     states = []
     for rank in range(WORLD):
         it = DALIShardedIterator(train(rank=rank), ["image", "index"])
@@ -92,8 +93,8 @@ def test_load_state_dict_on_a_fresh_iterator(photo_shards, uninterrupted):
     assert batches(fresh, 7) == uninterrupted[1][2:]
 
 
-def test_elastic_resume_on_another_layout(photo_shards):
-    train = make(photo_shards["pattern"])
+def test_elastic_resume_on_another_layout(photo_shards, transfer):
+    train = make(photo_shards["pattern"], transfer=transfer)
     seen = Counter()
     states = []
     for rank in range(WORLD):
@@ -104,7 +105,7 @@ def test_elastic_resume_on_another_layout(photo_shards):
     state = states[0]
     # resume the rest of the epoch on 3 ranks x 1 worker, batch 3
     steps = []
-    new = make(photo_shards["pattern"], world_size=3, py_num_workers=1, batch_size=3)
+    new = make(photo_shards["pattern"], world_size=3, py_num_workers=1, batch_size=3, transfer=transfer)
     epoch1 = []
     for rank in range(3):
         it = DALIShardedIterator(new(rank=rank, resume_from=state), ["image", "index"])
@@ -167,16 +168,16 @@ def test_a_resumed_run_draws_new_augmentations(photo_shards):
     assert np.allclose(again["noise"].numpy(), first[0]), "a fresh start is reproducible"
 
 
-def test_interleaved_epochs_resume_exactly_once_under_another_layout(tmp_path):
+def test_interleaved_epochs_resume_exactly_once_under_another_layout(tmp_path, transfer):
     """Enough shards to interleave: a real epoch, stopped, then resumed on another world size."""
     from dali_shards.sample_data import write_sample_shards
 
     paths = write_sample_shards(str(tmp_path), shard_sizes=(5,) * 9 + (2,))
-    first = make(paths, world_size=2, shuffle_buffer=1024)
+    first = make(paths, world_size=2, shuffle_buffer=1024, transfer=transfer)
     its = [DALIShardedIterator(first(rank=r), ["image", "index"]) for r in range(2)]
     assert its[0].info.plan(0).interleaving
     seen = [i for it in its for _, _, b in batches(it, 3) for i in b]
     state = its[0].state_dict()
-    rest = DALIShardedIterator(make(paths, world_size=1)(rank=0, resume_from=state), ["image", "index"])
+    rest = DALIShardedIterator(make(paths, world_size=1, transfer=transfer)(rank=0, resume_from=state), ["image", "index"])
     seen += [i for epoch, _, b in batches(rest) if epoch == 0 for i in b]
     assert sorted(seen) == list(range(47))

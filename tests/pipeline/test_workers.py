@@ -8,6 +8,7 @@ import pytest
 from nvidia.dali import fn
 
 from dali_shards import ConfigError, decode_image, sharded_pipeline
+from dali_shards.testing.pipelines import run_epochs
 
 KILL_SCRIPT = textwrap.dedent(
     """
@@ -22,14 +23,14 @@ KILL_SCRIPT = textwrap.dedent(
     when = sys.argv[2]
 
     @sharded_pipeline(paths, fields=("jpg", "__index__"), batch_size=4, py_num_workers=2, shuffle=True,
-                      shuffle_buffer=200, num_threads=1, device_id=None)
+                      shuffle_buffer=200, num_threads=1, device_id=None, transfer=sys.argv[3])
     def p(jpg, index):
         return fn.resize(decode_image(jpg), size=(16, 16)), index
 
     pipe = p()
     it = DALIShardedIterator(pipe, ["image", "index"])
     next(it)
-    victim = pipe._py_pool.pids()[0]
+    victim = pipe.dali_shards.transfer.pids()[0]
     start = time.perf_counter()
     if when == "between":  # killed while the training step runs
         os.kill(victim, signal.SIGKILL)
@@ -47,11 +48,11 @@ KILL_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("when", ["between", "during"])
-def test_a_killed_worker_is_reported_within_seconds(tmp_path, when):
+def test_a_killed_worker_is_reported_within_seconds(tmp_path, when, transfer):
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
     out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), when], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), str(tmp_path), when, transfer], capture_output=True, text=True, timeout=120
     )
     assert "WorkerError after" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "killed by SIGKILL" in out.stdout and "state_dict" in out.stdout
@@ -59,7 +60,9 @@ def test_a_killed_worker_is_reported_within_seconds(tmp_path, when):
     assert seconds < 10
 
 
-def test_fork_after_cuda_is_refused_with_what_to_do(photo_shards, monkeypatch):
+def test_fork_after_cuda_merge_refuses_ring_forks(photo_shards, monkeypatch):
+    """DALI's pool cannot fork once CUDA is initialised: the merge transfer says what to do. The
+    ring's own workers never touch CUDA, so they fork then too (as DataLoader's workers do)."""
     import nvidia.dali.backend as backend
 
     monkeypatch.setattr(backend, "IsDriverInitialized", lambda: True)  # as if the GPU had been touched
@@ -71,8 +74,11 @@ def test_fork_after_cuda_is_refused_with_what_to_do(photo_shards, monkeypatch):
         return index
 
     with pytest.raises(ConfigError, match="before touching the GPU.*py_start_method='spawn'"):
-        pipe()
-    assert pipe(py_start_method="spawn") is not None  # spawn is fine
+        pipe(transfer="merge")
+    assert pipe(transfer="merge", py_start_method="spawn") is not None  # spawn is fine
+    (epoch,) = run_epochs(pipe(transfer="ring"), 1)
+    indices = [int(i) for (index,) in epoch for i in index]
+    assert len(indices) == 48 and set(indices) == set(range(47))  # (one slot of padding)
 
 
 def test_user_conditionals_next_to_unconverted_sources(photo_shards):
@@ -95,11 +101,11 @@ def test_user_conditionals_next_to_unconverted_sources(photo_shards):
             out = flipped
         else:
             out = image
-        return out, flipped, image, cls
+        return out, flipped, image, cls, index
 
     p = pipe()
     p.build()
-    out, flipped, image, cls = p.run()
+    out, flipped, image, cls, _ = p.run()
     for i in range(4):
         want = flipped if int(np.array(cls[i])) > 400 else image
         assert np.array_equal(np.array(out[i]), np.array(want[i]))

@@ -12,7 +12,7 @@ from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.tools.writer import write_shard
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import SampleLayout, table_slot
-from dali_shards.worker.planned import WorkerSource
+from dali_shards.transfer.merge.source import MergeSource
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
 
@@ -72,7 +72,7 @@ def emitted(spec, paths, v, resume_plan=None):
     config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), layout=layout, stage=stage, rank=rank, worker=worker,
                           resume_plan=resume_plan)  # fmt: skip
     m, steps = spec.mini_batch, []
-    for batch in iter(WorkerSource(config)):
+    for batch in iter(MergeSource(config)):
         if layout.table:
             table = batch[table_slot(worker, spec.py_num_workers, m)]
             rows = table[: m * layout.header_bytes].view(np.int64).reshape(m, -1)

@@ -15,7 +15,7 @@ from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import STATUS_SKIPPED, SampleLayout, table_slot
-from dali_shards.worker.planned import WorkerSource
+from dali_shards.transfer.merge.source import MergeSource
 
 SIZES = (3, 5, 0, 4, 6, 2, 7, 1, 4, 5, 3, 8)
 LAYOUT = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
@@ -25,7 +25,7 @@ def rows(spec, paths, rank, worker, **kw):
     """(index, status, cls) of every slot worker ``worker`` of ``rank`` fills, epoch 0."""
     config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), layout=LAYOUT, rank=rank, worker=worker, **kw)
     out, m = [], spec.mini_batch
-    for batch in iter(WorkerSource(config)):
+    for batch in iter(MergeSource(config)):
         table = batch[table_slot(worker, spec.py_num_workers, m)]
         header = table[: m * LAYOUT.header_bytes].view(np.int64).reshape(m, -1)
         out += [(int(r[0]), int(r[1]), int(r[2])) for r in header]

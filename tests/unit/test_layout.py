@@ -160,11 +160,15 @@ def test_layout_choice():
     from dali_shards.pipeline.resolve import choose_layout
 
     shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]
-    assert not choose_layout(("json", "jpg", "cls"), shards, 1).table
-    assert choose_layout(("json", "jpg", "cls"), shards, 2).payload == "jpg"
-    assert choose_layout(("cls", "__key__"), shards, 4).payload is None
+    for workers in (1, 2):  # the ring: a table of every field, whatever the workers
+        ring = choose_layout(("json", "jpg", "cls"), shards, workers, transfer="ring")
+        assert ring.table and ring.payload is None
+    merge = lambda fields, shards, n: choose_layout(fields, shards, n, transfer="merge")  # noqa: E731
+    assert not merge(("json", "jpg", "cls"), shards, 1).table
+    assert merge(("json", "jpg", "cls"), shards, 2).payload == "jpg"
+    assert merge(("cls", "__key__"), shards, 4).payload is None
     legacy = [ShardInfo("a.tar", 10, 10**6)]  # no per-extension sizes: the first byte field
-    assert choose_layout(("json", "jpg", "cls"), legacy, 2).payload == "json"
+    assert merge(("json", "jpg", "cls"), legacy, 2).payload == "json"
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(table=True, payload="jpg;png")])

@@ -52,6 +52,7 @@ def test_keywords_round_trip():
         ("shuffle_buffer", -1, "shuffle_buffer must be a positive integer"),
         ("start_epoch", -3, "start_epoch must be a non-negative integer"),
         ("start_epoch", 2.7, "start_epoch must be a non-negative integer"),
+        ("start_epoch", 2**63, "start_epoch must be at most 2147483646"),
         ("world_size", 0, "world_size must be a positive integer or None"),
         ("rank", 2, "rank must be in 0..1"),
         ("on_error", "ignore", "on_error must be one of 'raise', 'skip'"),

@@ -103,14 +103,15 @@ def check_runs(spec, plan):
 
 def check_pieces(spec, plan, counts):
     """Interleaving: each worker emits only samples of its own pieces (contiguous parts of shards,
-    disjoint between workers), each piece in order, and reads at most one piece per shard."""
+    disjoint between workers), each piece in order, and reads at most one piece per shard (two
+    stretches where it goes on past the shard's end at its start)."""
     owner = {}
     for v in range(spec.num_virtual_workers):
         pos, ok = plan.worker_order(v)
         pieces = plan.worker_pieces(v) if counts[v] else []
         read = plan.worker_read_order(v).tolist()
         assert sorted(read) == sorted(pos[ok].tolist()), "what is read is what is emitted"
-        assert len({p.shard for p in pieces}) == len(pieces), "one piece per shard"
+        assert max(Counter(p.shard for p in pieces).values(), default=0) <= 2, "one piece (two stretches) per shard"
         mine = set()
         for p in pieces:
             assert 0 <= p.first < p.stop <= spec.shard_sizes[p.shard]

@@ -47,6 +47,13 @@ def fake(monkeypatch):
     yield FakeReader
 
 
+def take(fetcher, i):
+    """Span ``i``'s bytes, released once copied (as a reader releases a span once it is packed)."""
+    data = bytes(fetcher.take(i))
+    fetcher.release(i)
+    return data
+
+
 def interleaved_spans(urls, per_url, size):
     """Consecutive spans of each object, visited round-robin (as an interleaved worker reads)."""
     return [Span(u, len(OBJECTS[u]), k * size, (k + 1) * size) for k in range(per_url) for u in urls]
@@ -90,7 +97,7 @@ def test_bytes_arrive_right_and_memory_stays_within_the_window(fake):
     with RangeFetcher(spans, StorageOptions(), window, request, threads=4) as fetcher:
         fake.fetcher = fetcher
         for i, s in enumerate(spans):
-            assert fetcher.take(i) == OBJECTS[s.url][s.lo : s.hi]
+            assert take(fetcher, i) == OBJECTS[s.url][s.lo : s.hi]
             assert fetcher.held <= window + request
         assert fetcher.held == 0
     assert fake.peak <= window + request
@@ -100,7 +107,7 @@ def test_bytes_arrive_right_and_memory_stays_within_the_window(fake):
 def test_a_window_smaller_than_one_request_still_progresses(fake):
     spans = interleaved_spans(list(OBJECTS), 5, 3000)
     with RangeFetcher(spans, StorageOptions(), 1, 9000, threads=2) as fetcher:
-        assert [fetcher.take(i) for i in range(len(spans))] == [OBJECTS[s.url][s.lo : s.hi] for s in spans]
+        assert [take(fetcher, i) for i in range(len(spans))] == [OBJECTS[s.url][s.lo : s.hi] for s in spans]
 
 
 def test_a_failing_object_fails_its_spans_and_is_not_asked_again(fake):
@@ -111,9 +118,9 @@ def test_a_failing_object_fails_its_spans_and_is_not_asked_again(fake):
         for i, s in enumerate(spans):
             if s.url == urls[1]:
                 with pytest.raises(ShardAccessError, match="1.tar"):
-                    fetcher.take(i)
+                    take(fetcher, i)
             else:
-                assert fetcher.take(i) == OBJECTS[s.url][s.lo : s.hi]
+                assert take(fetcher, i) == OBJECTS[s.url][s.lo : s.hi]
     assert len([r for r in fake.log if r[0] == urls[1]]) <= 3, "at most the requests already in flight"
 
 
@@ -121,14 +128,14 @@ def test_close_ends_the_threads_without_a_hang(fake):
     fake.delay = 0.05
     spans = interleaved_spans(list(OBJECTS), 30, 1000)
     fetcher = RangeFetcher(spans, StorageOptions(), 10**6, 1000, threads=4)
-    fetcher.take(0)
+    take(fetcher, 0)
     fetcher.close()
     deadline = time.monotonic() + 5
     while any(t.name == "dali_shards-ranges" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(t.name == "dali_shards-ranges" for t in threading.enumerate())
     with pytest.raises(RuntimeError, match="after close"):
-        fetcher.take(len(spans) - 1)
+        take(fetcher, len(spans) - 1)
 
 
 def test_a_fetcher_started_ahead_shares_the_window_with_the_one_before(fake):
@@ -142,14 +149,14 @@ def test_a_fetcher_started_ahead_shares_the_window_with_the_one_before(fake):
         ahead = RangeFetcher(second, StorageOptions(), 10 * window, request, threads=4, after=now, shared_window=window)
         for i, s in enumerate(first):
             peak.append(now.held + ahead.held)
-            assert now.take(i) == OBJECTS[s.url][s.lo : s.hi]
+            assert take(now, i) == OBJECTS[s.url][s.lo : s.hi]
         time.sleep(0.1)
         assert ahead.requests_made, "it fetched while the one before was read"
         assert max(peak) <= window + request, "the two together within the window (+ one request)"
     time.sleep(0.1)
     assert ahead.held > window, "the one before closed: its own window applies"
     with ahead:
-        assert [ahead.take(i) for i in range(len(second))] == [OBJECTS[s.url][s.lo : s.hi] for s in second]
+        assert [take(ahead, i) for i in range(len(second))] == [OBJECTS[s.url][s.lo : s.hi] for s in second]
     assert len(fake.log) == len(plan_requests(first, request)) + len(plan_requests(second, request))
 
 
@@ -198,7 +205,7 @@ def test_discarding_an_object_frees_what_was_fetched_of_it(fake):
     urls = list(OBJECTS)[:2]
     spans = interleaved_spans(urls, 10, 1000)
     with RangeFetcher(spans, StorageOptions(), 10**6, 2000, threads=2) as fetcher:
-        assert fetcher.take(0) == OBJECTS[urls[0]][0:1000]
+        assert take(fetcher, 0) == OBJECTS[urls[0]][0:1000]
         deadline = time.monotonic() + 5
         while fetcher.held < 15_000 and time.monotonic() < deadline:  # everything fetched ahead
             time.sleep(0.01)
@@ -206,5 +213,26 @@ def test_discarding_an_object_frees_what_was_fetched_of_it(fake):
         assert fetcher.held <= 10_000, "only the other object's bytes are left"
         for i, s in enumerate(spans):
             if s.url == urls[1]:
-                assert fetcher.take(i) == OBJECTS[s.url][s.lo : s.hi]
+                assert take(fetcher, i) == OBJECTS[s.url][s.lo : s.hi]
+        assert fetcher.held == 0
+
+
+def test_spans_are_views_of_their_request_counted_until_the_last_is_released(fake):
+    url = list(OBJECTS)[0]
+    spans = [Span(url, None, k * 1000, (k + 1) * 1000) for k in range(6)]
+    with RangeFetcher(spans, StorageOptions(), 10**6, 3000, threads=1, ramp_until=0) as fetcher:
+        first, second = fetcher.take(0), fetcher.take(1)
+        assert isinstance(first, memoryview) and first.obj is second.obj, "views of one buffer, not copies"
+        deadline = time.monotonic() + 5
+        while not fetcher.fetched_all and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fetcher.held == 6000, "two requests of 3000, nothing released yet"
+        fetcher.release(0)
+        fetcher.release(1)
+        assert fetcher.held == 6000, "a span of the first request is still out"
+        take(fetcher, 2)
+        assert fetcher.held == 3000, "its last span released: the first request's room is given back"
+        assert [take(fetcher, i) for i in range(3, 6)] == [OBJECTS[url][k * 1000 : (k + 1) * 1000] for k in range(3, 6)]
+        assert fetcher.held == 0
+        fetcher.release(5)  # twice, or after close: nothing
         assert fetcher.held == 0

@@ -1,5 +1,7 @@
 """Resumable state, without DALI: exact continuation, elastic re-planning, refusals."""
 
+import dataclasses
+import hashlib
 import json
 from collections import Counter
 
@@ -9,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dali_shards.errors import ConfigError
-from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.epoch import PLAN_VERSION, PlanSpec
 from dali_shards.plan.resume import make_state, resume_point
 
 SIZES = (13, 0, 40, 7, 1, 22)  # few shards: contiguous runs
@@ -167,3 +169,49 @@ def test_resumed_plans_read_only_what_they_need():
 
 def test_the_size_sets_cover_both_planners():
     assert not spec_of(sizes=SIZES).epoch(0).interleaving and spec_of(sizes=MANY).epoch(0).interleaving
+
+
+# a mid-epoch state saved by dali_shards 53e03ae (plan version 3: rank pieces cut at the same places
+# every epoch), and the sha256 prefix of what that release planned for the whole epoch
+V3_STATE = {
+    "format": "dali-shards-state", "plan_version": 3,
+    "dataset": {"shards": 12, "samples": 125, "fingerprint": "929851476c1473d5", "names": "c1be9ff192aedb21",
+                "name_set": "6f71a6a38cfed5da", "bytes": None},
+    "seed": 5, "shuffle": True, "epoch": 2,
+    "history": [{"world_size": 2, "num_workers": 2, "batch_size": 4, "last_batch": "pad", "shuffle_buffer": 8,
+                 "shuffle_block": 256, "bucket_window": 0, "steps": 5}],
+}  # fmt: skip
+V3_EPOCH_DIGEST = "d9b9857e871e6329"
+
+
+def _digest(plan):
+    h = hashlib.sha256()
+    for r in range(plan.spec.world_size):
+        index, valid = plan.rank_batches(r)
+        h.update(index.tobytes())
+        h.update(valid.tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_a_state_saved_under_plan_version_3_resumes_exactly():
+    """The epoch in progress goes on as version 3 planned it; the epochs after it follow this
+    release's plan; a state saved again in that epoch keeps its version."""
+    spec = spec_of(sizes=MANY)
+    start_epoch, resumed, prior = resume_point(spec, V3_STATE)
+    assert (start_epoch, resumed.start_step, resumed.version, prior) == (2, 5, 3, [])
+    assert _digest(dataclasses.replace(resumed, start_step=0)) == V3_EPOCH_DIGEST
+    assert resumed.interleaving and delivered(resumed) != delivered(spec.epoch(2), start=5)
+    again = make_state(spec, 2, prior, resumed, 7)
+    assert again["plan_version"] == 3 and resume_point(spec, again)[1].version == 3
+    done = make_state(spec, 2, prior, resumed, resumed.steps)
+    assert (done["epoch"], done["plan_version"], done["history"]) == (3, PLAN_VERSION, [])
+
+
+def test_a_version_3_state_resumes_elastically_exactly_once():
+    spec3 = spec_of(sizes=MANY)
+    plan3 = dataclasses.replace(resume_point(spec3, V3_STATE)[1], start_step=0)
+    seen = flat(delivered(plan3, steps=5))
+    new = spec_of(world=3, workers=1, batch=3, sizes=MANY)
+    _, resumed, prior = resume_point(new, V3_STATE)
+    assert resumed.version == 3 and len(prior) == 1
+    assert sorted(seen + flat(delivered(resumed))) == list(range(sum(MANY)))

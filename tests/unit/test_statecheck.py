@@ -71,8 +71,9 @@ def test_states_without_names_are_accepted_with_a_warning(caplog):
     "path, value, words",
     [
         (("history", 0, "steps"), -50, "steps must be an integer >= 0"),
-        (("epoch",), 2.7, "epoch must be an integer >= 0"),
-        (("epoch",), -3, "epoch must be an integer >= 0"),
+        (("epoch",), 2.7, "epoch must be an integer in 0..2147483646"),
+        (("epoch",), -3, "epoch must be an integer in 0..2147483646"),
+        (("epoch",), 2**63, "epoch must be an integer in 0..2147483646"),
         (("seed",), None, "seed must be an integer"),
         (("shuffle",), "yes", "shuffle must be true or false"),
         (("history", 0, "last_batch"), "all", "last_batch must be 'pad' or 'drop'"),

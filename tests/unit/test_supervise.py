@@ -5,8 +5,8 @@ import os
 import signal
 import time
 
-from dali_shards.pipeline import supervise
-from dali_shards.pipeline.supervise import free_lock_of_the_dead
+from dali_shards.transfer.merge import pool as supervise
+from dali_shards.transfer.merge.pool import free_lock_of_the_dead
 
 
 def _hold(lock):

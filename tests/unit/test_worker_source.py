@@ -12,14 +12,14 @@ from dali_shards.catalog.manifest import scan_shards
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.planned import WorkerSource
+from dali_shards.transfer.merge.source import MergeSource
 
 LAYOUT = SampleLayout(("cls", "__index__"))
 
 
 def make_source(spec, urls, layout, rank, worker, **kw):
     config = WorkerConfig(spec=spec, urls=tuple(urls), byte_sizes=(), layout=layout, rank=rank, worker=worker, **kw)
-    return WorkerSource(config)
+    return MergeSource(config)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_shuffle_buffer_bounds_memory(shards):
     it = iter(make_source(spec, paths, LAYOUT, 0, 0))
     peak = 0
     for _ in it:
-        peak = max(peak, len(it._pending))
+        peak = max(peak, len(it.mini._pending))
     assert 0 < peak <= 3
 
 
@@ -105,7 +105,7 @@ def test_interleaving_holds_a_batch_share_and_one_cursor_per_piece(tmp_path):
         peak = 0
         batches = []
         for batch in it:
-            peak = max(peak, len(it._pending))
+            peak = max(peak, len(it.mini._pending))
             batches.append(batch)
         assert peak <= spec.mini_batch
         got = [x for b in batches for x in decode(b, worker, spec.mini_batch, 2)]

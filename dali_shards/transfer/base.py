@@ -1,0 +1,65 @@
+"""What a transfer provides the main process (``RingTransfer``, ``MergeTransfer``): the graph's
+inputs, its worker processes (started, watched, killed), how many steps can be in flight (for an
+epoch cut short), and its own failures in our words. Everything else -- epochs, ``len()``, cuts,
+state, resume, audit, the watchdog -- is shared. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
+
+
+class Transfer(Protocol):
+    """One pipeline's transfer (see the module)."""
+
+    name: str
+
+    def graph_inputs(self) -> Tuple[List[Any], Any]:
+        """Inside the graph's definition: the requested fields (DataNodes, in the layout's order)
+        and each slot's ``[__index__, status]`` (int64) for the iterator."""
+        ...
+
+    def attach(self, pipeline: Any) -> None:
+        """Bind to the defined pipeline: its workers start when it is built."""
+        ...
+
+    def watch(self) -> None:
+        """Once the pipeline is built (its workers started): anything the transfer watches."""
+        ...
+
+    def pids(self) -> List[int]:
+        """The worker processes' pids (empty before they start)."""
+        ...
+
+    def dead(self) -> List[Tuple[int, Optional[int]]]:
+        """(pid, exit code) of the worker processes that have ended."""
+        ...
+
+    def kill(self) -> None:
+        """End every worker process now (SIGKILL), so that nothing waits on them."""
+        ...
+
+    def in_flight(self, pipeline: Any) -> int:
+        """Steps a worker may have produced beyond those the iterator returned: an epoch cut short
+        ends that many steps on."""
+        ...
+
+    def translate(self, exc: BaseException) -> Optional[BaseException]:
+        """Our error for a failure of this transport (a worker's error it carried as text, a lost
+        worker), or None to let the caller decide."""
+        ...
+
+    def lost_worker(self, exc: BaseException) -> bool:
+        """True if ``exc`` says a worker was lost (then reported as a ``WorkerError``)."""
+        ...
+
+
+def steps_in_flight(prefetch_queue_depth: Any, worker_depth: int) -> int:
+    """Steps that may be prepared beyond those returned: DALI's prefetch queue, each worker's own
+    queue, and the one a worker is making."""
+    depth = max(prefetch_queue_depth.values()) if isinstance(prefetch_queue_depth, dict) else int(prefetch_queue_depth)
+    return depth + worker_depth + 1
+
+
+def pids_of(processes: Sequence[Any]) -> List[int]:
+    return [p.pid for p in processes if p.pid]

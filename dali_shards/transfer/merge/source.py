@@ -1,0 +1,54 @@
+"""The merge transfer's external-source object for one local worker: DALI pickles (or forks) it into
+the worker process of its pool and iterates it there once per epoch; each batch is ``batch_size``
+arrays long, the same size as every other worker's batch, and only this worker's slice
+``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples (its mini-batch), one padding
+slot its table (table layout, see ``worker/layout.py``), the other slots an empty dummy. Imports no
+DALI."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.process import ProcessEpochs
+from dali_shards.worker.sources import EpochSource, make_source
+
+
+class MergeSource(ProcessEpochs):
+    """The padded batches of local worker ``config.worker``, one epoch per ``iter()``, from
+    ``config.start_epoch`` on.
+
+    ``iter()`` is also called once in the main process when the pipeline is defined; it stays lazy
+    (nothing is opened before the first batch) and epochs are counted per process. The worker
+    source itself is made once per process (``_process_state``)."""
+
+    _process_state = ("_source",)
+    _source: Optional[EpochSource] = None
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.worker = config.worker
+        self.start_epoch = config.start_epoch
+        self.init_process(config.control)
+
+    def __iter__(self) -> "PaddedBatches":
+        epoch = self.next_epoch()
+        if self._source is None:
+            self._source = make_source(self.config, self.slot)
+        return PaddedBatches(self.config, epoch, self._source.epoch(epoch))
+
+
+class PaddedBatches:
+    """One epoch of a worker's full-size padded batches: its mini-batches (``mini``) padded."""
+
+    def __init__(self, config: WorkerConfig, epoch: int, mini: Iterator[list]):
+        self.config = config
+        self.epoch = epoch
+        self.mini = mini
+
+    def __iter__(self) -> "PaddedBatches":
+        return self
+
+    def __next__(self) -> list:
+        cfg, spec = self.config, self.config.spec
+        return cfg.layout.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)

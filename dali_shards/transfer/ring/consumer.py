@@ -1,0 +1,121 @@
+"""A ring's main-process side for one worker: its announcements read in order, its slots mapped,
+each mini-batch seen as views of the worker's shared memory until it is released. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import pickle
+from typing import Any, Callable, List, NamedTuple, Optional, Union
+
+import numpy as np
+
+from dali_shards.errors import WorkerError
+from dali_shards.transfer.ring import messages
+from dali_shards.transfer.ring.segment import Segment
+
+WAIT_S = 0.5  # how often a wait for a worker looks at ``check`` (the watchdog's verdict, a stop)
+GONE_S = 2.0  # how long a worker whose connection ended may take to be gone
+
+
+class MiniBatch(NamedTuple):
+    """A worker's mini-batch of step ``step`` of ``epoch``: ``rows`` (one header row per sample,
+    int64) and ``table`` (the whole table, uint8; byte fields at the offsets the rows give), views
+    of the worker's slot ``slot``."""
+
+    epoch: int
+    step: int
+    slot: int
+    rows: np.ndarray
+    table: np.ndarray
+
+
+class EpochEnd(NamedTuple):
+    """The worker ended ``epoch`` after ``steps`` steps."""
+
+    epoch: int
+    steps: int
+
+
+class WorkerGone(Exception):
+    """The worker's connection ended (it died or was killed); ``reason`` says what is known."""
+
+
+class RingConsumer:
+    """The reading end of one worker's ring over ``conn``, to the worker ``process``;
+    ``header_slots`` the int64 slots of a sample's row."""
+
+    def __init__(self, conn: Any, process: Any, depth: int, header_slots: int):
+        self.conn = conn
+        self.process = process
+        self.header_slots = header_slots
+        self.segments: List[Optional[Segment]] = [None] * depth
+        self.generations = [0] * depth
+        self.closed = False
+
+    def next(self, check: Callable[[], None] = lambda: None) -> Union[MiniBatch, EpochEnd]:
+        """The worker's next announcement (waits for it, calling ``check`` every ``WAIT_S``); a
+        worker's error is raised as it was raised there; ``WorkerGone`` if it died."""
+        self._wait(check)
+        try:
+            msg = messages.receive(self.conn)
+        except (EOFError, OSError) as exc:
+            raise self._gone(f"its connection ended ({type(exc).__name__})") from None
+        if msg.kind == messages.END:
+            return EpochEnd(int(msg.epoch), int(msg.step))
+        if msg.kind == messages.ERROR:
+            raise self._error(int(msg.size))
+        if msg.kind != messages.BATCH:
+            raise WorkerError(f"dali_shards internal error: unexpected ring message kind {msg.kind}; please report it")
+        slot = int(msg.slot)
+        if msg.generation != self.generations[slot]:
+            try:
+                self.segments[slot] = Segment.received(self.conn, int(msg.capacity))
+            except (EOFError, OSError) as exc:
+                raise self._gone(f"its connection ended while it passed a slot ({type(exc).__name__})") from None
+            self.generations[slot] = int(msg.generation)
+        table = self.segments[slot].array[: int(msg.size)]
+        count = int(msg.count)
+        rows = table[: count * 8 * self.header_slots].view(np.int64).reshape(count, self.header_slots)
+        return MiniBatch(int(msg.epoch), int(msg.step), slot, rows, table)
+
+    def release(self, slot: int) -> None:
+        """The main process is done with ``slot``: the worker may write it again."""
+        if not self.closed:
+            try:
+                messages.send(self.conn, messages.FREE, slot=slot)
+            except (OSError, ValueError):
+                pass  # the worker is gone: the next read says so
+
+    def stop(self) -> None:
+        """Ask the worker to end, and forget its slots."""
+        if not self.closed:
+            self.closed = True
+            try:
+                messages.send(self.conn, messages.STOP)
+            except (OSError, ValueError):
+                pass
+            self.conn.close()
+        self.segments = [None] * len(self.segments)
+
+    def _wait(self, check: Callable[[], None]) -> None:
+        while True:
+            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], timeout=WAIT_S)
+            if self.conn in ready:
+                return  # (a dead worker's last messages are read before its death is reported)
+            if ready:
+                raise self._gone("its process ended")
+            check()
+
+    def _gone(self, what: str) -> "WorkerGone":
+        """The error for a worker found gone, once its exit code is known (it is ending)."""
+        self.process.join(GONE_S)
+        return WorkerGone(what)
+
+    def _error(self, size: int) -> BaseException:
+        try:
+            data = self.conn.recv_bytes()
+            exc = pickle.loads(data)
+        except Exception as err:  # noqa: BLE001 - the worker died while sending it, or it cannot be read
+            return self._gone(f"it failed, and its error could not be read ({type(err).__name__}: {err})")
+        return exc if isinstance(exc, BaseException) else WorkerError(repr(exc))

@@ -1,0 +1,104 @@
+"""A ring's worker side: mini-batches written into the worker's own shared-memory slots, each
+announced to the main process once written (see ``messages.py``).
+
+A worker owns ``depth`` slots, each one segment it grows on demand: a mini-batch larger than its
+slot gets a new, larger segment (1.5 times what it needs, at least ``MIN_SLOT``) whose descriptor
+goes with the announcement, so no mini-batch is ever cut short, however large one sample is. A
+slot is written again only after the main process said it is free. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections import deque
+from typing import Any, Deque, List, Optional, Sequence
+
+from dali_shards.transfer.ring import messages
+from dali_shards.transfer.ring.segment import Segment
+from dali_shards.worker.layout import Packed, SampleLayout
+
+MIN_SLOT = 1 << 20
+GROWTH = 1.5
+
+
+class Stopped(Exception):
+    """The main process asked the worker to end (or is gone)."""
+
+
+class RingProducer:
+    """The writing end of one worker's ring (``depth`` slots) over ``conn``."""
+
+    def __init__(self, conn: Any, depth: int, layout: SampleLayout, first_slot_bytes: int = MIN_SLOT):
+        self.conn = conn
+        self.layout = layout
+        self.slots: List[Optional[Segment]] = [None] * depth
+        self.generations = [0] * depth
+        self.free: Deque[int] = deque(range(depth))
+        self.first_slot_bytes = max(MIN_SLOT, int(first_slot_bytes))
+
+    def put(self, epoch: int, step: int, samples: Sequence[Packed]) -> None:
+        """Write the mini-batch of ``step`` of ``epoch`` into a free slot and announce it (waits for a
+        free slot; ``Stopped`` if the main process ends the worker meanwhile)."""
+        slot = self._free_slot()
+        size = self.layout.table_size(samples)
+        segment, grown = self._segment(slot, size)
+        self.layout.table_array(samples, out=segment.array[:size])
+        messages.send(
+            self.conn, messages.BATCH, epoch=epoch, step=step, slot=slot, size=size, capacity=segment.size,
+            generation=self.generations[slot], count=len(samples),
+        )  # fmt: skip
+        if grown:
+            segment.send(self.conn)
+
+    def end(self, epoch: int, steps: int) -> None:
+        """Announce that ``epoch`` ended after ``steps`` steps."""
+        messages.send(self.conn, messages.END, epoch=epoch, step=steps)
+
+    def fail(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the main process (pickled; its text where it cannot be pickled)."""
+        try:
+            data = pickle.dumps(exc)
+            pickle.loads(data)
+        except Exception:  # noqa: BLE001 - any exception: its text travels instead
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            data = pickle.dumps(RuntimeError(f"a dali_shards worker failed:\n{text}"))
+        messages.send(self.conn, messages.ERROR, size=len(data))
+        self.conn.send_bytes(data)
+
+    def wait_for_stop(self) -> None:
+        """Wait until the main process ends this worker (or is gone)."""
+        try:
+            while messages.receive(self.conn).kind != messages.STOP:
+                pass
+        except (EOFError, OSError):
+            pass
+
+    def _free_slot(self) -> int:
+        while not self.free:
+            try:
+                msg = messages.receive(self.conn)
+            except (EOFError, OSError):
+                raise Stopped() from None
+            if msg.kind == messages.STOP:
+                raise Stopped()
+            if msg.kind == messages.FREE:
+                self.free.append(int(msg.slot))
+        return self.free.popleft()
+
+    def _segment(self, slot: int, size: int):
+        """The slot's segment, replaced by a larger one if ``size`` bytes do not fit (and whether)."""
+        segment = self.slots[slot]
+        if segment is not None and size <= segment.size:
+            return segment, False
+        want = max(self.first_slot_bytes if segment is None else MIN_SLOT, int(size * GROWTH))
+        if segment is not None:
+            segment.close()
+        segment = self.slots[slot] = Segment.create(want, f"dali-shards-slot-{slot}")
+        self.generations[slot] += 1
+        return segment, True
+
+    def close(self) -> None:
+        for segment in self.slots:
+            if segment is not None:
+                segment.close()

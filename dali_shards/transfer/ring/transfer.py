@@ -1,0 +1,149 @@
+"""The ring transfer in the pipeline: one (non-parallel) external source whose callback takes each
+worker's mini-batch of the step from its ring and gives DALI the step's batch, field by field (see
+``assemble.py``); the worker processes start when the pipeline is built and stop with it.
+
+DALI copies what the callback returns when it takes it (``no_copy=False``), so a worker's slot is
+given back at the next call: a worker can be ``worker_prefetch`` steps ahead of the pipeline.
+Memory per rank: ``py_num_workers x (worker_prefetch + 1)`` slots, each the size of the largest
+mini-batch written into it (times 1.5), at least 1 MiB.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
+
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.tensors import TensorCPU
+
+from dali_shards.errors import WorkerError
+from dali_shards.transfer.base import steps_in_flight
+from dali_shards.transfer.ring.assemble import assemble, output_types
+from dali_shards.transfer.ring.consumer import EpochEnd, WorkerGone
+from dali_shards.transfer.ring.workers import RingWorkers
+from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.layout import SampleLayout
+
+
+FEED_NAME = "dali_shards ring feed"
+
+
+class RingFeed:
+    """The external source's callback (see the module): one step's batch per call, and
+    ``StopIteration`` at the end of each epoch (the next call starts the next epoch)."""
+
+    def __repr__(self) -> str:
+        return FEED_NAME
+
+    def __init__(self, workers: RingWorkers, layout: SampleLayout, start_epoch: int):
+        self.workers = workers
+        self.layout = layout
+        self.epoch = start_epoch
+        self.step = 0
+        self.held: List[Tuple[Any, int]] = []
+
+    def __call__(self) -> Tuple[Any, ...]:
+        for consumer, slot in self.held:  # DALI copied them at the last call
+            consumer.release(slot)
+        self.held = []
+        self.workers.start()
+        got = [consumer.next() for consumer in self.workers.consumers]
+        ends = [g for g in got if isinstance(g, EpochEnd)]
+        if ends:
+            self._end_epoch(ends, len(got))
+        if any(g.epoch != self.epoch or g.step != self.step for g in got):
+            where = sorted({(g.epoch, g.step) for g in got})
+            raise WorkerError(
+                f"dali_shards internal error: the workers sent steps {where} where step {self.step} of epoch "
+                f"{self.epoch} was due; please report it. Restart from the last state_dict() to go on"
+            )
+        self.held = [(consumer, g.slot) for consumer, g in zip(self.workers.consumers, got)]
+        self.step += 1
+        return assemble(self.layout, got, wrap=TensorCPU)
+
+    def _end_epoch(self, ends: Sequence[EpochEnd], workers: int) -> None:
+        if len(ends) != workers or any(e.epoch != self.epoch or e.steps != self.step for e in ends):
+            raise WorkerError(
+                f"dali_shards internal error: the workers ended epoch {self.epoch} apart ({len(ends)} of {workers} "
+                f"ended, at steps {sorted({e.steps for e in ends})}, after {self.step} steps here); please report it"
+            )
+        self.epoch += 1
+        self.step = 0
+        raise StopIteration
+
+
+class RingTransfer:
+    """The ring transfer of one pipeline (see ``transfer.base.Transfer``)."""
+
+    name = "ring"
+
+    def __init__(self, configs: Sequence[WorkerConfig], layout: SampleLayout, *, worker_prefetch: int,
+                 start_method: str, start_epoch: int, first_slot_bytes: int):  # fmt: skip
+        self.depth = worker_prefetch + 1  # a slot is given back one call after DALI took it
+        self.workers = RingWorkers(configs, self.depth, start_method, first_slot_bytes)
+        self.feed = RingFeed(self.workers, layout, start_epoch)
+        self.layout = layout
+
+    def graph_inputs(self) -> Tuple[List[Any], Any]:
+        kinds = output_types(self.layout)
+        outputs = fn.external_source(
+            source=self.feed, num_outputs=len(kinds), batch=True, parallel=False, no_copy=False,
+            dtype=[types.to_dali_type(k.dtype) for k in kinds], ndim=[k.ndim for k in kinds],
+        )  # fmt: skip
+        return list(outputs[:-1]), outputs[-1]
+
+    def attach(self, pipeline: Pipeline) -> None:
+        weakref.finalize(pipeline, self.workers.stop)
+        fields = [f.name for f in self.layout.fields]
+        pipeline.build = functools.partial(_build_started, weakref.ref(pipeline), self.workers, fields)
+
+    def watch(self) -> None:
+        """Nothing to add once the pipeline is built: the ring's waits see a dead worker."""
+
+    def pids(self) -> List[int]:
+        return self.workers.pids()
+
+    def dead(self) -> List[Tuple[int, Optional[int]]]:
+        return self.workers.dead()
+
+    def kill(self) -> None:
+        self.workers.kill()
+
+    def in_flight(self, pipeline: Pipeline) -> int:
+        # DALI holds the slot it took last: a worker fills its other depth - 1 slots, then makes one more
+        return steps_in_flight(pipeline.prefetch_queue_depth, self.depth - 1)
+
+    def translate(self, exc: BaseException) -> Optional[BaseException]:
+        return None  # the workers' own errors arrive as they were raised
+
+    def lost_worker(self, exc: BaseException) -> bool:
+        return isinstance(exc, WorkerGone)
+
+
+def _build_started(ref: Any, workers: RingWorkers, fields: Sequence[str]) -> Any:
+    """``Pipeline.build``, the worker processes started first (before anything touches CUDA).
+    DALI's warning that some of the external source's outputs are not used is said in our words:
+    the slot status output is used only by ``DALIShardedIterator``, and requested fields the
+    function leaves unused are named."""
+    pipeline = ref()
+    workers.start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = type(pipeline).build(pipeline)
+    for w in caught:
+        text = str(w.message)
+        if FEED_NAME not in text:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        unused = [fields[int(i)] for i in re.findall(r"\d+", text.split("not used")[0].split("index")[-1])
+                  if int(i) < len(fields)]  # fmt: skip
+        if unused:
+            warnings.warn(
+                f"dali_shards: fields {unused} are read and sent to the pipeline but its function does not use "
+                "them: leave them out of fields= to save their reading and transfer", stacklevel=2,
+            )  # fmt: skip
+    return result

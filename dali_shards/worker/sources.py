@@ -1,0 +1,26 @@
+"""What every worker source offers a transfer, whatever the mode: ``epoch(e)``, the iterator of
+epoch ``e``'s mini-batches (lists of ``mini_batch`` packed samples, one per step). Imports no DALI."""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Protocol, Union
+
+from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.control import NO_SLOT
+from dali_shards.worker.layout import Packed
+from dali_shards.worker.planned import WorkerSource
+from dali_shards.worker.resampled import StreamingWorkerSource
+
+
+class EpochSource(Protocol):
+    """A worker's mini-batches, epoch by epoch (epochs asked for in increasing order)."""
+
+    def epoch(self, epoch: int) -> Iterator[List[Packed]]: ...
+
+
+def make_source(config: WorkerConfig, slot=NO_SLOT) -> Union[WorkerSource, StreamingWorkerSource]:
+    """The source of local worker ``config.worker``: planned or streaming, as its spec says."""
+    if isinstance(config.spec, StreamingSpec):
+        return StreamingWorkerSource(config, slot)
+    return WorkerSource(config, slot)

@@ -1,0 +1,136 @@
+"""The ring transfer in real pipelines: nothing left in /dev/shm however the run ends, slots that
+grow for a sample 10x the others, a worker lost while DALI holds its slot, DALI's stock iterator."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+from dali_shards import WorkerError, sharded_pipeline
+from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.testing.pipelines import run_epochs
+from dali_shards.testing.processes import wait_gone
+from dali_shards.tools.writer import ShardWriter
+
+SHM = "/dev/shm"
+
+ENDINGS = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from dali_shards import sharded_pipeline
+    from dali_shards.pytorch import DALIShardedIterator
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(sys.argv[1], shard_sizes=(40, 40))
+    how = sys.argv[2]
+
+    @sharded_pipeline(paths, fields=("jpg", "cls"), batch_size=4, py_num_workers=2, shuffle=True, num_threads=1,
+                      device_id=None)
+    def p(jpg, cls):
+        return cls
+
+    pipe = p()
+    it = DALIShardedIterator(pipe, ["cls"])
+    next(it)
+    pids = pipe.dali_shards.transfer.pids()
+    print("PIDS", os.getpid(), *pids, flush=True)
+    if how == "exception":
+        raise RuntimeError("the user's training step failed")
+    if how == "worker-killed":
+        os.kill(pids[0], signal.SIGKILL)
+        try:
+            for _ in it:
+                pass
+        except Exception as exc:
+            print("ERROR", type(exc).__name__, flush=True)
+    if how == "main-killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in it:
+        pass
+    print("DONE", flush=True)
+    """
+)
+
+
+def ours(pid):
+    """Files in /dev/shm that a run of process ``pid`` made (its control block; the ring makes none)."""
+    return sorted(n for n in os.listdir(SHM) if str(pid) in n) if os.path.isdir(SHM) else []
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm")
+@pytest.mark.parametrize("how", ["normal", "exception", "worker-killed", "main-killed"])
+def test_nothing_is_left_in_dev_shm_however_the_run_ends(tmp_path, how):
+    script = tmp_path / "job.py"
+    script.write_text(ENDINGS)
+    before = set(os.listdir(SHM))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), how], capture_output=True, text=True, timeout=120)
+    line = next(l for l in out.stdout.splitlines() if l.startswith("PIDS"))
+    main, *workers = [int(p) for p in line.split()[1:]]
+    assert not wait_gone(workers, 5), "no worker outlives the run"  # orphans end within about a second
+    assert ours(main) == [], f"left in /dev/shm after a {how} ending"
+    assert not {n for n in set(os.listdir(SHM)) - before if n.startswith(("dali", "psm_", "sem."))}
+    if how == "worker-killed":
+        assert "ERROR WorkerError" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_slot_grows_for_a_sample_ten_times_the_others(tmp_path):
+    rng = np.random.default_rng(3)
+    sizes = [200_000] * 23 + [2_000_000]  # one sample 10x the others, 8 MB in a mini-batch of 4 with it
+    rng.shuffle(sizes)
+    digests = {}
+    with ShardWriter(str(tmp_path / "g-%d.tar"), max_count=12) as w:
+        for i, size in enumerate(sizes):
+            data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+            w.write({"__key__": f"{i:04d}", "bin": data})
+            digests[i] = hashlib.sha1(data).hexdigest()
+
+    @sharded_pipeline(w.paths, fields=("bin", "__index__"), batch_size=8, py_num_workers=2, num_threads=1,
+                      device_id=None)  # fmt: skip
+    def pipe(data, index):
+        return data, index
+
+    p = pipe()
+    seen = {}
+    for data, index in run_epochs(p, 1)[0]:
+        for d, i in zip(data, index):
+            seen[int(i)] = hashlib.sha1(d.tobytes()).hexdigest()
+    assert seen == digests
+    slots = [s.size for c in p.dali_shards.transfer.workers.consumers for s in c.segments if s is not None]
+    assert max(slots) >= 2_000_000 + 3 * 200_000, "the slot that took the big sample grew to hold its mini-batch"
+
+
+def test_a_worker_lost_while_dali_holds_its_slot_is_an_error_not_a_hang(photo_shards):
+    @sharded_pipeline(photo_shards["paths"], fields=("cls",), batch_size=2, py_num_workers=2, num_threads=1,
+                      device_id=None, prefetch_queue_depth=1)  # fmt: skip
+    def pipe(cls):
+        return cls
+
+    p = pipe()
+    it = DALIShardedIterator(p, ["cls"])
+    first = next(it)[0]["cls"].clone()  # the pipeline took the workers' slots of steps 0 and 1
+    os.kill(p.dali_shards.transfer.pids()[1], signal.SIGKILL)
+    with pytest.raises(WorkerError, match="killed by SIGKILL"):
+        for _ in range(100):
+            next(it)
+    assert len(first) == 2, "what was returned before stays whole"
+
+
+def test_dalis_stock_iterator_reads_a_ring_pipeline(photo_shards):
+    """DALIGenericIterator over a ring pipeline: epochs end and restart (padding kept, as DALI's
+    iterators keep it)."""
+
+    @sharded_pipeline(photo_shards["paths"], fields=("__index__",), batch_size=4, py_num_workers=2, shuffle=True,
+                      num_threads=1, device_id=None)  # fmt: skip
+    def pipe(index):
+        return index
+
+    it = DALIGenericIterator(pipe(), ["index"], auto_reset=True)
+    for _ in range(2):
+        got = [i for (b,) in it for i in b["index"].tolist()]
+        assert len(got) == 48 and set(got) == set(range(47))

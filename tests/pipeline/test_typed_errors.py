@@ -1,0 +1,145 @@
+"""Faults that used to end in a raw error from deep inside (a hostile trial, issue 22): each now a
+typed error naming the shard, the sample or the option, or a counted skip."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from dali_shards import ConfigError, ShardFormatError, ShardMapError, sharded_pipeline
+from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.tools.writer import write_shard
+
+SHARDS, PER_SHARD = 8, 6  # enough shards to interleave
+
+
+@pytest.fixture
+def shards(tmp_path):
+    paths = [str(tmp_path / f"t-{i}.tar") for i in range(SHARDS)]
+    for i, path in enumerate(paths):
+        write_shard(path, [{"__key__": f"k{PER_SHARD * i + j:03d}", "txt": b"x" * (j + 1)} for j in range(PER_SHARD)])
+    return paths
+
+
+def make(source, outputs="i", **kw):
+    """A pipeline factory whose function's parameters (the map's outputs) are ``outputs``."""
+    opts = dict(fields=("__index__", "txt"), batch_size=4, py_num_workers=2, num_threads=1, device_id=None)
+    names = outputs.split()
+    scope = {}
+    exec(f"def pipe({', '.join(names)}):\n    return {', '.join(names)},", scope)
+    return sharded_pipeline(source, **{**opts, **kw})(scope["pipe"])
+
+
+def indices(it):
+    return [i for (b,) in it for i in b["i"].reshape(-1).tolist()]
+
+
+def index_map(s):
+    return {"i": s["__index__"]}
+
+
+def huge_length(s):
+    return 1 << 70 if s["i"] == 4 else 1
+
+
+def exits(kind):
+    def mapper(s):
+        if s["__key__"] == "k010":
+            if kind == "exit":
+                sys.exit(3)
+            raise {"interrupt": KeyboardInterrupt, "generator": GeneratorExit}[kind]()
+        return {"i": s["__index__"]}
+
+    return mapper
+
+
+def test_bucket_by_beyond_int64_names_the_sample_or_is_skipped(shards):
+    def pipe(**kw):
+        @sharded_pipeline(shards, fields=("__index__", "txt"), map=index_map, bucket_by=huge_length, bucket_window=8,
+                          batch_size=4, py_num_workers=2, num_threads=1, device_id=None, **kw)  # fmt: skip
+        def p(i):
+            return i
+
+        return p()
+
+    with pytest.raises(ShardMapError, match="k004.*bucket_by.*does not fit in int64"):
+        indices(DALIShardedIterator(pipe(), ["i"]))
+    it = DALIShardedIterator(pipe(on_error="skip"), ["i"], audit=True)
+    assert sorted(indices(it)) == [i for i in range(SHARDS * PER_SHARD) if i != 4]
+    assert it.audits[0]["skipped"] == [4]
+
+
+@pytest.mark.parametrize("kind", ["exit", "interrupt", "generator"])
+def test_sys_exit_and_interrupts_in_a_map_are_the_samples_errors(shards, kind):
+    pipe = make(shards, map=exits(kind))
+    with pytest.raises(ShardMapError, match=r"sample 'k010'.*map .*raised (SystemExit|KeyboardInterrupt|GeneratorExit)"):
+        indices(DALIShardedIterator(pipe(), ["i"]))
+
+
+def _manifest_with_blocks(shards, tmp_path, blocks_of_last):
+    infos = scan_shards(shards)
+    path = str(tmp_path / "manifest.json")
+    write_manifest(path, infos)
+    doc = json.load(open(path))
+    entry = doc["shards"][1]
+    blocks = entry["sample_blocks"].split()
+    entry["sample_blocks"] = " ".join(blocks[:-1] + [blocks_of_last])
+    entry.pop("bytes")  # nothing to check the claim against until the shard is read
+    json.dump(doc, open(path, "w"))
+    return path
+
+
+def test_sample_blocks_that_overflow_int64_are_a_manifest_error(shards, tmp_path):
+    path = _manifest_with_blocks(shards, tmp_path, str(2**62))
+    with pytest.raises(ConfigError, match="entry 1: \"sample_blocks\" must be"):
+        make(path, shuffle=True, map=index_map)()
+
+
+def test_a_sample_claiming_more_blocks_than_its_shard_holds_is_its_error(shards, tmp_path):
+    """A last sample that claims 10**9 blocks (500 GB) is not allocated: the shard's size says no."""
+    path = _manifest_with_blocks(shards, tmp_path, str(10**9))
+    last = 2 * PER_SHARD - 1  # the last sample of shard 1
+    pipe = make(path, map=index_map, shuffle=True)
+    assert pipe().dali_shards.plan(0).interleaving  # each sample read at its span
+    with pytest.raises(ShardFormatError, match=r"t-1\.tar.*span, bytes \d+-\d+, lies beyond the end of the file"):
+        indices(DALIShardedIterator(pipe(), ["i"]))
+    it = DALIShardedIterator(pipe(on_error="skip"), ["i"], audit=True)
+    assert sorted(indices(it)) == [i for i in range(SHARDS * PER_SHARD) if i != last]
+    assert it.audits[0]["skipped"] == [last]
+
+
+def test_a_second_iterator_on_one_pipeline_is_refused(shards):
+    pipe = make(shards, map=index_map)()
+    DALIShardedIterator(pipe, ["i"])
+    with pytest.raises(ConfigError, match="already feeds a DALIShardedIterator"):
+        DALIShardedIterator(pipe, ["i"])
+
+
+def unsigned(s):
+    i = s["__index__"]
+    return {"a": np.array([i, 65535], np.uint16), "b": np.full(2, 4_000_000_000 + i, np.uint32),
+            "c": np.array([i], np.uint64)}  # fmt: skip
+
+
+def too_big(s):
+    return {"c": np.array([2**64 - 1 - s["__index__"]], np.uint64)}
+
+
+def test_unsigned_outputs_reach_torch_in_a_type_that_holds_them(shards):
+    it = DALIShardedIterator(make(shards, "a b c", map=unsigned)(), ["a", "b", "c"])
+    rows = {}
+    for (b,) in it:
+        assert (b["a"].dtype, b["b"].dtype, b["c"].dtype) == (torch_types())
+        for a, bb, c in zip(b["a"].tolist(), b["b"].tolist(), b["c"].tolist()):
+            rows[c[0]] = (a, bb)
+    assert rows == {i: ([i, 65535], [4_000_000_000 + i] * 2) for i in range(SHARDS * PER_SHARD)}
+    with pytest.raises(ConfigError, match="output 'c' is uint64 and holds values beyond int64"):
+        indices(DALIShardedIterator(make(shards, "c", map=too_big)(), ["c"]))
+
+
+def torch_types():
+    import torch
+
+    return torch.int32, torch.int64, torch.int64

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from typing import Optional
 
 
 def pid_alive(pid: int) -> bool:
@@ -17,3 +19,15 @@ def pid_alive(pid: int) -> bool:
     except OSError:  # e.g. another user's process
         return True
     return True
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """A process's exit code in words."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

@@ -5,13 +5,11 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-from nvidia.dali import types
 from nvidia.dali.pipeline import Pipeline
-from nvidia.dali.tensors import TensorListCPU
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
@@ -19,33 +17,12 @@ from dali_shards.world import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
 from dali_shards.pipeline.decode_failure import decode_failure
 from dali_shards.pipeline.decorator import pipeline_info
-from dali_shards.pipeline.supervise import Watchdog, describe_exit
-from dali_shards.transfer.merge.pool import first_batch_pending
+from dali_shards.pipeline.supervise import Watchdog
+from dali_shards.processes import describe_exit
+from dali_shards.torch_outputs import torch_ready
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
-# unsigned types PyTorch's DALI plugin has no tensor type for, and the type that holds their values
-WIDENED = {types.DALIDataType.UINT16: np.int32, types.DALIDataType.UINT32: np.int64, types.DALIDataType.UINT64: np.int64}
-
-
-def torch_ready(out: Any, name: str) -> Any:
-    """``out`` (an output's batch), widened to a type PyTorch holds if it is uint16 (to int32), uint32
-    (to int64) or uint64 (to int64, if every value fits); a ConfigError naming the output if not."""
-    wide = WIDENED.get(out.dtype)
-    if wide is None:
-        return out
-    if not isinstance(out, TensorListCPU):
-        raise ConfigError(
-            f"output {name!r} is {out.dtype} on the GPU, which PyTorch cannot take: cast it in the pipeline "
-            "function, e.g. fn.cast(x, dtype=types.INT32) (INT64 for uint32 and uint64)"
-        )
-    arrays = [np.asarray(t) for t in out]
-    if out.dtype == types.DALIDataType.UINT64 and any(a.size and a.max() > np.iinfo(np.int64).max for a in arrays):
-        raise ConfigError(
-            f"output {name!r} is uint64 and holds values beyond int64, which PyTorch cannot take: return int64 "
-            "(or smaller) values from the map, or cast in the pipeline function"
-        )
-    return TensorListCPU([a.astype(wide) for a in arrays], out.layout())
 
 
 class DALIShardedIterator(DALIGenericIterator):
@@ -66,8 +43,9 @@ class DALIShardedIterator(DALIGenericIterator):
     - ``state_dict()`` is a small JSON-able dict saying where the epoch stands (the same on every
       rank); ``load_state_dict()`` restarts the pipeline there (the same epoch under the same
       layout, the samples not yet delivered planned anew under another). It restarts the worker
-      processes: do it before CUDA is initialised, or use ``py_start_method="spawn"``, or pass
-      the state to the pipeline itself (``train(resume_from=state)``).
+      processes: with ``transfer="merge"`` do it before CUDA is initialised, or use
+      ``py_start_method="spawn"``, or pass the state to the pipeline itself
+      (``train(resume_from=state)``).
     - With ``audit=True`` each finished epoch is checked: ``it.audits`` gets a report of
       duplicates, missing and skipped samples and steps per rank (gathered from every rank under
       ``torch.distributed``; this rank's part otherwise). Epochs left early are not audited.
@@ -290,8 +268,10 @@ class DALIShardedIterator(DALIGenericIterator):
             return call()
         except StopIteration:
             raise
-        except DaliShardsError:  # a worker's error, as it was raised there (the ring carries it whole)
+        except DaliShardsError as exc:  # a worker's error, as it was raised there (the ring carries it whole)
             transfer.kill()
+            if transfer.lost_worker(exc):  # said with the watchdog's verdict and every dead worker
+                raise self._worker_error(transfer.dead()) from exc
             raise
         except Exception as exc:  # the merge transfer's DALI re-raises worker errors as plain exceptions
             dead = transfer.dead()
@@ -311,7 +291,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _fetching_step(self) -> int:
         """The step of the batch a DALI call in progress fetches (the first batch is fetched ahead)."""
-        return self._step + (1 if first_batch_pending(self) else 0)
+        return self._step + (1 if getattr(self, "_first_batch", None) is not None else 0)  # fetched ahead by DALI
 
     def _worker_error(self, dead) -> WorkerError:
         reason = self._watchdog.reason if self._watchdog is not None else None

@@ -107,15 +107,16 @@ def resolve_source(
         text = os.fspath(item)
         listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
         where = f"item {n} of the source list" if listed else "source"
-        text = folder_manifest(text) or text
-        if is_manifest(text):
-            for i, info in enumerate(read_manifest(text, config)):
+        folder = folder_manifest(text)
+        if folder is not None or is_manifest(text):
+            text, infos = folder if folder is not None else (text, read_manifest(text, config))
+            for i, info in enumerate(infos):
                 manifested.append(len(shards))
                 origins.append(f"{where}, manifest {text!r}, entry {i}")
                 shards.append(info)
             continue
         urls = expand_pattern(text, config)
-        _warn_unlisted(text, urls, config)
+        _warn_unlisted(text, urls)
         for k, url in enumerate(urls):
             if is_remote(url):
                 remote.append((len(shards), url, text))
@@ -135,26 +136,28 @@ def resolve_source(
     return shards
 
 
-def folder_manifest(item: str) -> Optional[str]:
-    """The ``manifest.json`` of a local directory source, if it has one; warns (once) about the
-    tar files there that the manifest does not list, which are then not read."""
+def folder_manifest(item: str) -> Optional[Tuple[str, List[ShardInfo]]]:
+    """A local directory source's ``manifest.json`` and the shards it lists, if it has a usable
+    one; warns (once) about the tar files there that it does not list, which are then not read."""
     path = local_path(item)
-    if path is None or not os.path.isdir(path) or not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+    if path is None or not os.path.isdir(path):
         return None
     manifest = os.path.join(path, MANIFEST_NAME)
-    listed = {_identity(info.url) for info in read_manifest(manifest)}
-    found = sorted(n for n in os.listdir(path) if n.endswith(SHARD_SUFFIXES))
-    unlisted = [n for n in found if _identity(os.path.join(path, n)) not in listed]
+    infos = _manifest_beside(manifest)
+    if infos is None:
+        return None
+    found = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(SHARD_SUFFIXES)]
+    unlisted = _unlisted(infos, found)
     if unlisted:
         log.warning(
             "dali_shards: directory %r: reading the %d shard(s) its %s lists; %d tar file(s) there are not listed "
             "and are left out: %s. Remove them, or run `dali-shards index` on the shards you mean to read",
-            item, len(listed), MANIFEST_NAME, len(unlisted), _names(unlisted),
+            item, len(infos), MANIFEST_NAME, len(unlisted), _names(unlisted),
         )  # fmt: skip
-    return manifest
+    return manifest, infos
 
 
-def _warn_unlisted(pattern: str, urls: Sequence[str], config: StorageOptions) -> None:
+def _warn_unlisted(pattern: str, urls: Sequence[str]) -> None:
     """Warn when local shards matched by a glob or brace pattern are missing from the
     ``manifest.json`` beside them (a stale manifest, or files left over from an earlier write)."""
     if urls == [pattern]:
@@ -166,20 +169,34 @@ def _warn_unlisted(pattern: str, urls: Sequence[str], config: StorageOptions) ->
             by_folder.setdefault(os.path.dirname(os.path.abspath(path)), []).append(url)
     for folder, matched in by_folder.items():
         manifest = os.path.join(folder, MANIFEST_NAME)
-        if not os.path.isfile(manifest):
-            continue
-        try:
-            listed = {_identity(info.url) for info in read_manifest(manifest, config)}
-        except ConfigError:  # not ours to check here: the pattern is read without it
-            continue
-        unlisted = [u for u in matched if _identity(u) not in listed]
+        infos = _manifest_beside(manifest)
+        unlisted = _unlisted(infos, matched) if infos is not None else []
         if unlisted:
             log.warning(
                 "dali_shards: pattern %r matches %d shard(s) that %s beside them does not list: %s. They are read "
                 "(counted from their headers); if they are left over from an earlier write, remove them, or give "
                 "the manifest (or the directory) as the source to read what it lists",
-                pattern, len(unlisted), manifest, _names([os.path.basename(u) for u in unlisted]),
+                pattern, len(unlisted), manifest, _names(unlisted),
             )  # fmt: skip
+
+
+def _manifest_beside(manifest: str) -> Optional[List[ShardInfo]]:
+    """The shards a local ``manifest.json`` lists; None if there is none, or (with a warning) if
+    it is not a usable dali-shards manifest (another tool's file: the shards are then found as
+    they would be without it)."""
+    if not os.path.isfile(manifest):
+        return None
+    try:
+        return read_manifest(manifest)
+    except ConfigError as exc:
+        log.warning("dali_shards: %s is not a usable dali-shards manifest (%s); ignored", manifest, exc)
+        return None
+
+
+def _unlisted(infos: Sequence[ShardInfo], paths: Sequence[str]) -> List[str]:
+    """The names of the shards in ``paths`` that ``infos`` does not list."""
+    listed = {_identity(info.url) for info in infos}
+    return [os.path.basename(p) for p in paths if _identity(p) not in listed]
 
 
 def _names(names: Sequence[str], most: int = 8) -> str:

@@ -4,7 +4,7 @@ user's graph function, the pipeline and its supervision."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 from nvidia.dali.pipeline import Pipeline
@@ -50,7 +50,7 @@ def build_sharded_pipeline(
     )
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
     resolved = resolve(options, outputs).with_control(control.path)
-    transfer = make_transfer(resolved, start_method)
+    transfer = make_transfer(resolved, start_method, control)
     captured: Dict[str, Any] = {}
 
     def graph():
@@ -90,7 +90,7 @@ def build_sharded_pipeline(
     return pipe
 
 
-def make_transfer(resolved: Resolved, start_method: str) -> Any:
+def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None) -> Any:
     """The pipeline's transfer (``options.transfer``) over the resolved workers."""
     options = resolved.options
     if options.transfer is Transfer.MERGE:
@@ -98,5 +98,6 @@ def make_transfer(resolved: Resolved, start_method: str) -> Any:
                              worker_prefetch=options.worker_prefetch, bytes_per_sample_hint=resolved.bytes_per_sample_hint)  # fmt: skip
     per_sample = (resolved.bytes_per_sample_hint or 0) * options.py_num_workers  # (the hint is per merge slot)
     first_slot = per_sample * (options.batch_size // options.py_num_workers)
-    return RingTransfer(resolved.workers, resolved.layout, worker_prefetch=options.worker_prefetch,
-                        start_method=start_method, start_epoch=resolved.start_epoch, first_slot_bytes=first_slot)  # fmt: skip
+    return RingTransfer(resolved.workers, resolved.layout, batch_size=options.batch_size,
+                        worker_prefetch=options.worker_prefetch, start_method=start_method,
+                        start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control)  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from dali_shards.options import OnError
-from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan
+from dali_shards.plan.epoch import EpochPlan
 from dali_shards.plan.resume import make_state, resume_point
 from dali_shards.pipeline.resolve import Resolved
 from dali_shards.worker.control import ControlBlock
@@ -36,7 +36,6 @@ class ShardedPipelineInfo:
     slot_status: Any = field(default=None, compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
-    plan_version: int = PLAN_VERSION
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
     # layout, resume_plan and streaming spec (None in the planned mode), as attributes
@@ -48,6 +47,12 @@ class ShardedPipelineInfo:
     layout = _resolved("layout")
     resume_plan = _resolved("resume_plan")
     streaming = _resolved("streaming", "the streaming mode's spec (None: planned mode)")
+
+    @property
+    def plan_version(self) -> int:
+        """The plan version of the epoch the pipeline starts in (an older one only to finish an
+        epoch whose state was saved under it; the epochs after it follow ``PLAN_VERSION``)."""
+        return self.plan(self.start_epoch).version
 
     @property
     def on_error(self) -> OnError:

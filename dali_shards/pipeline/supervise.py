@@ -24,18 +24,6 @@ from dali_shards.worker.process import HEARTBEAT_S
 log = logging.getLogger("dali_shards")
 
 
-def describe_exit(code: Optional[int]) -> str:
-    """An exit code in words."""
-    if code is None:
-        return "running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def stuck_worker(statuses: Sequence[WorkerStatus], now: float, timeout: float) -> Optional[WorkerStatus]:
     """Of the workers that made no progress for ``timeout`` seconds -- whose heartbeat stopped (a
     stopped or frozen process), or that have been producing a batch without reading a sample --

@@ -6,6 +6,8 @@ state, resume, audit, the watchdog -- is shared. Imports no DALI.
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
 
@@ -55,11 +57,28 @@ class Transfer(Protocol):
 
 
 def steps_in_flight(prefetch_queue_depth: Any, worker_depth: int) -> int:
-    """Steps that may be prepared beyond those returned: DALI's prefetch queue, each worker's own
-    queue, and the one a worker is making."""
-    depth = max(prefetch_queue_depth.values()) if isinstance(prefetch_queue_depth, dict) else int(prefetch_queue_depth)
+    """Steps that may be prepared beyond those returned: DALI's prefetch queue (both of its
+    queues, where CPU and GPU ones are given: a larger cut costs only batches read in vain), each
+    worker's own queue, and the one a worker is making."""
+    depth = sum(prefetch_queue_depth.values()) if isinstance(prefetch_queue_depth, dict) else int(prefetch_queue_depth)
     return depth + worker_depth + 1
 
 
 def pids_of(processes: Sequence[Any]) -> List[int]:
+    """The pids of started processes (``multiprocessing.Process``-like)."""
     return [p.pid for p in processes if p.pid]
+
+
+def dead_of(processes: Sequence[Any]) -> List[Tuple[int, Optional[int]]]:
+    """(pid, exit code) of the processes that have ended."""
+    return [(p.pid, p.exitcode) for p in processes if p.pid and p.exitcode is not None]
+
+
+def kill_all(processes: Sequence[Any]) -> None:
+    """SIGKILL every live process of ``processes`` (a stopped one too)."""
+    for process in processes:
+        if process.pid and process.exitcode is None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -55,6 +55,11 @@ from dali_shards.worker.slots import (  # noqa: F401 - the layout's vocabulary, 
     table_slot,
 )
 
+def _aligned(size: int) -> int:
+    """``size`` rounded up to a multiple of 8."""
+    return (size + 7) & ~7
+
+
 class SampleLayout:
     """Field specs, header slots, and the packing of samples for one layout. ``fields`` are the
     requested fields (read from the members); ``outputs``, with a ``map``, the specs of what it
@@ -245,12 +250,12 @@ class SampleLayout:
 
     def table_size(self, samples: Sequence[Packed]) -> int:
         """Bytes of the table of a mini-batch (see ``table_array``)."""
-        return len(samples) * self.header_bytes + sum(len(d) for p in samples for _, d in p.parts)
+        return len(samples) * self.header_bytes + sum(_aligned(len(d)) for p in samples for _, d in p.parts)
 
     def table_array(self, samples: Sequence[Packed], out: Optional[np.ndarray] = None) -> np.ndarray:
-        """The table of a worker's mini-batch: one header row per sample, then the heap (offsets in
-        the rows count from the table's start); written into ``out`` (uint8, ``table_size`` bytes)
-        if given."""
+        """The table of a worker's mini-batch: one header row per sample, then the heap, each piece
+        at an offset aligned to 8 bytes (so that arrays in it are aligned; offsets in the rows count
+        from the table's start); written into ``out`` (uint8, ``table_size`` bytes) if given."""
         rows = len(samples) * self.header_bytes
         table = np.empty(self.table_size(samples), dtype=np.uint8) if out is None else out
         headers = table[:rows].view(np.int64).reshape(len(samples), self.header_slots)
@@ -263,7 +268,8 @@ class SampleLayout:
                 view[offset:end] = data
                 headers[i, slot] = offset
                 headers[i, slot + 1] = len(data)
-                offset = end
+                offset += _aligned(len(data))
+                table[end:offset] = 0  # (the padding too: a table's bytes are the same every time)
         return table
 
     @staticmethod

@@ -120,7 +120,8 @@ def entered_process(owner_pid: Optional[int] = None) -> None:
     if _entered == pid or pid == (owner_pid or _MAIN_PID):
         return
     _entered = pid
-    gc.freeze()
+    gc.freeze()  # what the parent left, garbage included, is never collected here
+    gc.enable()  # (the ring's parent forks with collection off)
     _one_torch_thread()
     _leave_signals_to_the_parent()
     if owner_pid is not None:

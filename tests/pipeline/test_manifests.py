@@ -147,6 +147,15 @@ def test_a_folder_reads_exactly_what_its_manifest_lists(folder_with_leftovers, c
     assert sorted(seen) == list(range(16)) and max(seen.values()) == 1
 
 
+def test_a_folder_with_another_tools_manifest_json_reads_its_tars(tmp_path, caplog):
+    for i in range(2):
+        write_shard(str(tmp_path / f"s-{i}.tar"), samples(8 * i, 8))
+    (tmp_path / "manifest.json").write_text('{"name": "not ours"}')
+    with caplog.at_level("WARNING", logger="dali_shards"):
+        shards = resolve_source(str(tmp_path))
+    assert [s.samples for s in shards] == [8, 8] and "not a usable dali-shards manifest" in caplog.text
+
+
 def test_a_glob_that_matches_shards_its_manifest_does_not_list_warns_naming_them(folder_with_leftovers, caplog):
     out = folder_with_leftovers
     with caplog.at_level("WARNING", logger="dali_shards"):

@@ -134,3 +134,55 @@ def test_dalis_stock_iterator_reads_a_ring_pipeline(photo_shards):
     for _ in range(2):
         got = [i for (b,) in it for i in b["index"].tolist()]
         assert len(got) == 48 and set(got) == set(range(47))
+
+
+EXIT_AFTER_EARLY_FINALIZER = textwrap.dedent(
+    """
+    import tempfile
+    early = tempfile.TemporaryDirectory()  # a weakref.finalize made before multiprocessing is imported
+    import sys
+    from dali_shards import sharded_pipeline
+    from dali_shards.pytorch import DALIShardedIterator
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(sys.argv[1], shard_sizes=(40, 40))
+
+    @sharded_pipeline(paths, fields=("cls",), batch_size=4, py_num_workers=2, num_threads=1, device_id=None)
+    def p(cls):
+        return cls
+
+    it = DALIShardedIterator(p(), ["cls"])
+    next(it)
+    print("EXITING", flush=True)
+    """
+)
+
+
+def test_the_process_exits_whatever_was_finalized_first(tmp_path):
+    """The workers are stopped before multiprocessing joins its children at exit."""
+    script = tmp_path / "job.py"
+    script.write_text(EXIT_AFTER_EARLY_FINALIZER)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "EXITING" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_pipeline_called_again_after_a_workers_error_says_so_at_once(tmp_path):
+    from dali_shards import ShardFormatError
+
+    write_shard_path = str(tmp_path / "bad.tar")
+    from dali_shards.tools.writer import write_shard
+
+    write_shard(write_shard_path, [{"__key__": f"k{i}", "cls": "x" if i == 5 else i} for i in range(12)])
+
+    @sharded_pipeline(write_shard_path, fields=("cls",), batch_size=4, py_num_workers=2, num_threads=1,
+                      device_id=None)  # fmt: skip
+    def pipe(cls):
+        return cls
+
+    p = pipe()
+    p.build()
+    with pytest.raises(ShardFormatError):
+        for _ in range(10):
+            p.run()
+    with pytest.raises(WorkerError, match="stopped .* after a worker's error"):
+        p.run()  # not a hang waiting for the failed worker

@@ -128,3 +128,27 @@ def test_array_outputs_keep_their_dtype_and_shape():
     grid, n, _ = assemble(layout, [MiniBatch(0, 0, 0, rows, table)])
     assert [g.shape for g in grid] == [(1, 3), (2, 3), (3, 3)] and grid[2].dtype == np.float32
     assert (grid[2] == 2).all() and n.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("n", [0, 8, 300, 9000])
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
+def test_equal_size_fields_are_gathered_into_one_dense_array(n, shape):
+    """Keys and fixed-size arrays of one size: one (batch, ...) array, whichever way it is gathered
+    (small ones by one gather, larger by a copy per sample, above DENSE_BYTES as views)."""
+    dims = len(shape) + 1
+    specs = [OutputSpec("raw", "bytes"), OutputSpec("a", "array", "float32", dims)]
+    layout = SampleLayout(("x",), table=True, outputs=specs)
+    minis = []
+    for w in range(2):
+        samples = [layout.pack_values({"raw": bytes([w * 3 + k]) * n,
+                                       "a": np.full((max(1, n // 400), *shape), w * 3 + k, np.float32)}, w * 3 + k, "k")
+                   for k in range(3)]  # fmt: skip
+        table = layout.table_array(samples)
+        minis.append(MiniBatch(0, 0, 0, table[: 3 * layout.header_bytes].view(np.int64).reshape(3, -1), table))
+    raw, arrays, _ = assemble(layout, minis)
+    values = [int(i) for i in range(6)]
+    if n <= 8 << 10:
+        assert isinstance(raw, np.ndarray) and raw.shape == (6, n)
+    assert [bytes(np.asarray(r)) for r in raw] == [bytes([v]) * n for v in values]
+    assert [np.asarray(a).shape for a in arrays] == [(max(1, n // 400), *shape)] * 6
+    assert [float(np.asarray(a).ravel()[0]) for a in arrays] == [float(v) for v in values]

@@ -15,12 +15,12 @@ import functools
 import gc
 import logging
 import multiprocessing.connection
-import os
-import signal
 import threading
 import time
 import weakref
 from typing import Any, List, Optional, Tuple
+
+from dali_shards.transfer.base import dead_of, kill_all, pids_of
 
 log = logging.getLogger("dali_shards")
 LOST_WORKER_TEXT = "Worker data receiving interrupted"  # what DALI says when a worker of its pool is gone
@@ -35,24 +35,19 @@ def _processes(pipeline: Any) -> list:
 
 def worker_pids(pipeline: Any) -> List[int]:
     """The pids of the pipeline's worker processes (empty before it is built)."""
-    return [p.pid for p in _processes(pipeline) if p.pid]
+    return pids_of(_processes(pipeline))
 
 
 def dead_workers(pipeline: Any) -> List[Tuple[int, Optional[int]]]:
     """(pid, exit code) of the pipeline's worker processes that have exited."""
-    return [(p.pid, p.exitcode) for p in _processes(pipeline) if p.exitcode is not None]
+    return dead_of(_processes(pipeline))
 
 
 def kill_workers(pipeline: Any) -> None:
     """SIGKILL every live worker process of the pipeline (a stopped one too), then let DALI's pool
     observer see them end. If the observer is stuck on a lock a killed worker held, it is
     detached so that the pool's shutdown does not wait for it."""
-    for proc in _processes(pipeline):
-        if proc.pid and proc.exitcode is None:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_all(_processes(pipeline))
     observer = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_observer", None)
     thread = getattr(observer, "thread", None)
     if isinstance(thread, threading.Thread):
@@ -139,8 +134,3 @@ def _start_collected(ref: Any, *args: Any, **kwargs: Any) -> Any:
     gc.collect()
     pipeline = ref()
     return type(pipeline).start_py_workers(pipeline, *args, **kwargs)
-
-
-def first_batch_pending(iterator: Any) -> bool:
-    """Whether a DALI iterator holds a first batch it fetched ahead (``prepare_first_batch``)."""
-    return getattr(iterator, "_first_batch", None) is not None

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import pickle
-from typing import Any, Callable, List, NamedTuple, Optional, Union
+from typing import Any, List, NamedTuple, Optional, Union
 
 import numpy as np
 
-from dali_shards.errors import WorkerError
+from dali_shards.errors import ShardMapError, WorkerError
+from dali_shards.processes import describe_exit
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
 
-WAIT_S = 0.5  # how often a wait for a worker looks at ``check`` (the watchdog's verdict, a stop)
 GONE_S = 2.0  # how long a worker whose connection ended may take to be gone
 
 
@@ -37,8 +37,8 @@ class EpochEnd(NamedTuple):
     steps: int
 
 
-class WorkerGone(Exception):
-    """The worker's connection ended (it died or was killed); ``reason`` says what is known."""
+class WorkerGone(WorkerError):
+    """A ring worker's process ended (it died or was killed): which, and how."""
 
 
 class RingConsumer:
@@ -53,10 +53,11 @@ class RingConsumer:
         self.generations = [0] * depth
         self.closed = False
 
-    def next(self, check: Callable[[], None] = lambda: None) -> Union[MiniBatch, EpochEnd]:
-        """The worker's next announcement (waits for it, calling ``check`` every ``WAIT_S``); a
-        worker's error is raised as it was raised there; ``WorkerGone`` if it died."""
-        self._wait(check)
+    def next(self) -> Union[MiniBatch, EpochEnd]:
+        """The worker's next announcement (waits for it); a worker's error is raised as it was
+        raised there; ``WorkerGone`` if it died (a stuck but live worker is the watchdog's to kill,
+        see ``pipeline/supervise.py``; Ctrl-C interrupts the wait)."""
+        self._wait()
         try:
             msg = messages.receive(self.conn)
         except (EOFError, OSError) as exc:
@@ -64,7 +65,7 @@ class RingConsumer:
         if msg.kind == messages.END:
             return EpochEnd(int(msg.epoch), int(msg.step))
         if msg.kind == messages.ERROR:
-            raise self._error(int(msg.size))
+            raise self._error()
         if msg.kind != messages.BATCH:
             raise WorkerError(f"dali_shards internal error: unexpected ring message kind {msg.kind}; please report it")
         slot = int(msg.slot)
@@ -98,24 +99,36 @@ class RingConsumer:
             self.conn.close()
         self.segments = [None] * len(self.segments)
 
-    def _wait(self, check: Callable[[], None]) -> None:
-        while True:
-            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], timeout=WAIT_S)
-            if self.conn in ready:
-                return  # (a dead worker's last messages are read before its death is reported)
-            if ready:
-                raise self._gone("its process ended")
-            check()
+    def _wait(self) -> None:
+        ready = multiprocessing.connection.wait([self.conn, self.process.sentinel])
+        if self.conn not in ready:  # (a dead worker's last messages are read before its death is reported)
+            raise self._gone("its process ended")
 
-    def _gone(self, what: str) -> "WorkerGone":
+    def _gone(self, what: str) -> WorkerGone:
         """The error for a worker found gone, once its exit code is known (it is ending)."""
         self.process.join(GONE_S)
-        return WorkerGone(what)
+        return WorkerGone(f"a dali_shards worker process (pid {self.process.pid}) stopped: {what}, "
+                          f"{describe_exit(self.process.exitcode)}")  # fmt: skip
 
-    def _error(self, size: int) -> BaseException:
+    def _error(self) -> BaseException:
+        """The exception a worker sent (see ``RingProducer.fail``), its traceback as its cause."""
         try:
-            data = self.conn.recv_bytes()
-            exc = pickle.loads(data)
-        except Exception as err:  # noqa: BLE001 - the worker died while sending it, or it cannot be read
+            pickled, text = pickle.loads(self.conn.recv_bytes())
+        except Exception as err:  # noqa: BLE001 - the worker died while sending it
             return self._gone(f"it failed, and its error could not be read ({type(err).__name__}: {err})")
-        return exc if isinstance(exc, BaseException) else WorkerError(repr(exc))
+        try:
+            exc = pickle.loads(pickled) if pickled is not None else None
+        except Exception:  # noqa: BLE001 - a class this process cannot load: its text instead
+            exc = None
+        if not isinstance(exc, BaseException):
+            return WorkerError(f"a dali_shards worker process (pid {self.process.pid}) failed:\n{text}")
+        if exc.__cause__ is None and not isinstance(exc, ShardMapError):  # a ShardMapError carries the user's
+            exc.__cause__ = RemoteTraceback(text)
+        return exc
+
+
+class RemoteTraceback(Exception):
+    """A worker's traceback, as text (the cause of the exception it raised)."""
+
+    def __str__(self) -> str:
+        return f"\nin the worker process:\n{self.args[0]}"

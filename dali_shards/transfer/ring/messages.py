@@ -16,7 +16,7 @@ from typing import Any
 # kinds of messages: worker -> main
 BATCH = 1  # a mini-batch of ``count`` samples is in ``slot`` (``size`` bytes); a new segment's descriptor follows
 END = 2  # epoch ``epoch`` ended after ``step`` steps (all of them, or where the main process cut it)
-ERROR = 3  # the worker failed: ``size`` bytes of a pickled exception follow
+ERROR = 3  # the worker failed: its exception (pickled, or None) and traceback text follow
 # main -> worker
 FREE = 4  # ``slot`` may be written again
 STOP = 5  # end the worker process
@@ -30,7 +30,7 @@ class Message(ctypes.Structure):
         ("epoch", ctypes.c_int64),
         ("step", ctypes.c_int64),
         ("slot", ctypes.c_int64),
-        ("size", ctypes.c_int64),  # BATCH: bytes of the slot used; ERROR: bytes of the error that follows
+        ("size", ctypes.c_int64),  # BATCH: bytes of the slot used
         ("capacity", ctypes.c_int64),  # BATCH: the slot's segment size (a new segment when it changed)
         ("generation", ctypes.c_int64),  # BATCH: the slot's segment, counted (a new one's descriptor follows)
         ("count", ctypes.c_int64),  # BATCH: samples in the mini-batch

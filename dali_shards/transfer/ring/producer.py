@@ -14,6 +14,7 @@ import traceback
 from collections import deque
 from typing import Any, Deque, List, Optional, Sequence
 
+from dali_shards.errors import WorkerError
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
 from dali_shards.worker.layout import Packed, SampleLayout
@@ -56,15 +57,19 @@ class RingProducer:
         messages.send(self.conn, messages.END, epoch=epoch, step=steps)
 
     def fail(self, exc: BaseException) -> None:
-        """Hand ``exc`` to the main process (pickled; its text where it cannot be pickled)."""
+        """Hand ``exc`` to the main process: pickled (None where it cannot be), with its traceback
+        as text. What is not an ``Exception`` (``SystemExit`` escaping the library's own code...)
+        goes as a ``WorkerError``, so that it does not end the main process quietly."""
+        if not isinstance(exc, Exception):
+            exc = WorkerError(f"a dali_shards worker ended with {type(exc).__name__}: {exc}")
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            data = pickle.dumps(exc)
-            pickle.loads(data)
-        except Exception:  # noqa: BLE001 - any exception: its text travels instead
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            data = pickle.dumps(RuntimeError(f"a dali_shards worker failed:\n{text}"))
-        messages.send(self.conn, messages.ERROR, size=len(data))
-        self.conn.send_bytes(data)
+            pickled: Optional[bytes] = pickle.dumps(exc)
+            pickle.loads(pickled)
+        except Exception:  # noqa: BLE001 - any exception: its text travels alone
+            pickled = None
+        messages.send(self.conn, messages.ERROR)
+        self.conn.send_bytes(pickle.dumps((pickled, text)))
 
     def wait_for_stop(self) -> None:
         """Wait until the main process ends this worker (or is gone)."""

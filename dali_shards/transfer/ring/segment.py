@@ -54,6 +54,8 @@ class Segment:
             segment = cls(fd, size)
         finally:
             os.close(fd)
+        if segment.map is not None and hasattr(mmap, "MADV_DONTFORK"):
+            segment.map.madvise(mmap.MADV_DONTFORK)  # processes forked later must not keep it alive
         segment.fd = -1  # closed: the mapping alone keeps the memory
         return segment
 

@@ -14,6 +14,7 @@ import functools
 import re
 import warnings
 import weakref
+from multiprocessing.util import Finalize
 from typing import Any, List, Optional, Sequence, Tuple
 
 from nvidia.dali import fn, types
@@ -23,7 +24,8 @@ from nvidia.dali.tensors import TensorCPU
 from dali_shards.errors import WorkerError
 from dali_shards.transfer.base import steps_in_flight
 from dali_shards.transfer.ring.assemble import assemble, output_types
-from dali_shards.transfer.ring.consumer import EpochEnd, WorkerGone
+from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, WorkerGone
+from dali_shards.worker.control import ControlBlock
 from dali_shards.transfer.ring.workers import RingWorkers
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import SampleLayout
@@ -34,36 +36,68 @@ FEED_NAME = "dali_shards ring feed"
 
 class RingFeed:
     """The external source's callback (see the module): one step's batch per call, and
-    ``StopIteration`` at the end of each epoch (the next call starts the next epoch)."""
+    ``StopIteration`` at the end of each epoch (the next call starts the next epoch). Once a call
+    has failed (a worker's error, a lost worker), every later call says so at once: the workers'
+    streams are no longer in step."""
 
-    def __repr__(self) -> str:
-        return FEED_NAME
-
-    def __init__(self, workers: RingWorkers, layout: SampleLayout, start_epoch: int):
+    def __init__(self, workers: RingWorkers, layout: SampleLayout, start_epoch: int, batch_size: int,
+                 control: Optional[ControlBlock] = None):  # fmt: skip
         self.workers = workers
         self.layout = layout
         self.epoch = start_epoch
         self.step = 0
+        self.batch_size = batch_size
+        self.control = control
         self.held: List[Tuple[Any, int]] = []
+        self.failed: Optional[BaseException] = None
+
+    def __repr__(self) -> str:
+        return FEED_NAME
 
     def __call__(self) -> Tuple[Any, ...]:
+        if self.failed is not None:
+            raise WorkerError(
+                f"this pipeline stopped at step {self.step} of epoch {self.epoch} after a worker's error "
+                f"({type(self.failed).__name__}: {self.failed}); build it anew (or restart from the last state_dict())"
+            ) from self.failed
+        self._release()
+        self.workers.start()
+        try:
+            got = self._take()
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self.failed = exc
+            raise
+        if self.control is not None:
+            self.control.unlink_once_attached()
+        return assemble(self.layout, got, wrap=TensorCPU)
+
+    def _release(self) -> None:
         for consumer, slot in self.held:  # DALI copied them at the last call
             consumer.release(slot)
         self.held = []
-        self.workers.start()
-        got = [consumer.next() for consumer in self.workers.consumers]
+
+    def _take(self) -> List[Any]:
+        """Every worker's next mini-batch of this step (held until the next call)."""
+        got = []
+        for consumer in self.workers.consumers:
+            item = consumer.next()
+            got.append(item)
+            if isinstance(item, MiniBatch):
+                self.held.append((consumer, item.slot))
         ends = [g for g in got if isinstance(g, EpochEnd)]
         if ends:
             self._end_epoch(ends, len(got))
-        if any(g.epoch != self.epoch or g.step != self.step for g in got):
+        if any(g.epoch != self.epoch or g.step != self.step for g in got) or sum(len(g.rows) for g in got) != self.batch_size:
             where = sorted({(g.epoch, g.step) for g in got})
             raise WorkerError(
-                f"dali_shards internal error: the workers sent steps {where} where step {self.step} of epoch "
-                f"{self.epoch} was due; please report it. Restart from the last state_dict() to go on"
+                f"dali_shards internal error: the workers sent steps {where} ({sum(len(g.rows) for g in got)} samples) "
+                f"where step {self.step} of epoch {self.epoch} ({self.batch_size} samples) was due; please report it. "
+                "Restart from the last state_dict() to go on"
             )
-        self.held = [(consumer, g.slot) for consumer, g in zip(self.workers.consumers, got)]
         self.step += 1
-        return assemble(self.layout, got, wrap=TensorCPU)
+        return got
 
     def _end_epoch(self, ends: Sequence[EpochEnd], workers: int) -> None:
         if len(ends) != workers or any(e.epoch != self.epoch or e.steps != self.step for e in ends):
@@ -81,11 +115,12 @@ class RingTransfer:
 
     name = "ring"
 
-    def __init__(self, configs: Sequence[WorkerConfig], layout: SampleLayout, *, worker_prefetch: int,
-                 start_method: str, start_epoch: int, first_slot_bytes: int):  # fmt: skip
+    def __init__(self, configs: Sequence[WorkerConfig], layout: SampleLayout, *, batch_size: int, worker_prefetch: int,
+                 start_method: str, start_epoch: int, first_slot_bytes: int,
+                 control: Optional[ControlBlock] = None):  # fmt: skip
         self.depth = worker_prefetch + 1  # a slot is given back one call after DALI took it
         self.workers = RingWorkers(configs, self.depth, start_method, first_slot_bytes)
-        self.feed = RingFeed(self.workers, layout, start_epoch)
+        self.feed = RingFeed(self.workers, layout, start_epoch, batch_size, control)
         self.layout = layout
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
@@ -97,7 +132,8 @@ class RingTransfer:
         return list(outputs[:-1]), outputs[-1]
 
     def attach(self, pipeline: Pipeline) -> None:
-        weakref.finalize(pipeline, self.workers.stop)
+        # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
+        Finalize(pipeline, self.workers.stop, exitpriority=10)
         fields = [f.name for f in self.layout.fields]
         pipeline.build = functools.partial(_build_started, weakref.ref(pipeline), self.workers, fields)
 
@@ -125,15 +161,18 @@ class RingTransfer:
 
 
 def _build_started(ref: Any, workers: RingWorkers, fields: Sequence[str]) -> Any:
-    """``Pipeline.build``, the worker processes started first (before anything touches CUDA).
-    DALI's warning that some of the external source's outputs are not used is said in our words:
-    the slot status output is used only by ``DALIShardedIterator``, and requested fields the
-    function leaves unused are named."""
+    """``Pipeline.build`` the first time, the worker processes started first; DALI's own ``build``
+    after that (DALI calls it at every step). DALI's warning that some of the external source's
+    outputs are not used is said in our words: the slot status output is used only by
+    ``DALIShardedIterator``, and requested fields the function leaves unused are named."""
     pipeline = ref()
+    if getattr(pipeline, "_built", False):
+        return type(pipeline).build(pipeline)
     workers.start()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = type(pipeline).build(pipeline)
+    del pipeline.build  # built: DALI's own method from now on
     for w in caught:
         text = str(w.message)
         if FEED_NAME not in text:

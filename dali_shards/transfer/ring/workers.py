@@ -10,14 +10,16 @@ with its parent. An error is handed to the main process as the exception it was.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing as mp
 import os
-import signal
-from typing import Any, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from dali_shards.transfer.base import pids_of
+from dali_shards.errors import ConfigError
+from dali_shards.transfer.base import dead_of, kill_all, pids_of
 from dali_shards.transfer.ring.consumer import RingConsumer
 from dali_shards.transfer.ring.producer import RingProducer, Stopped
 from dali_shards.worker.config import WorkerConfig
@@ -25,7 +27,8 @@ from dali_shards.worker.process import attach_slot, entered_process
 from dali_shards.worker.sources import make_source
 
 log = logging.getLogger("dali_shards")
-JOIN_S = 5.0  # how long a stopped worker may take to end before it is killed
+JOIN_S = 5.0  # how long stopped workers may take to end, all together, before they are killed
+START_METHODS = ("fork", "spawn")
 
 
 def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, first_slot_bytes: int) -> None:
@@ -60,6 +63,11 @@ class RingWorkers:
     main process's consumer of each (``consumers``, in worker order)."""
 
     def __init__(self, configs: Sequence[WorkerConfig], depth: int, start_method: str, first_slot_bytes: int):
+        if start_method not in START_METHODS:
+            raise ConfigError(
+                f"py_start_method={start_method!r}: the ring's worker processes start with one of {START_METHODS} "
+                "(they are bound to end with the process that starts them)"
+            )
         self.configs = list(configs)
         self.depth = depth
         self.start_method = start_method
@@ -73,56 +81,86 @@ class RingWorkers:
         return bool(self.processes)
 
     def start(self) -> None:
-        """Start the processes (once). Nothing the parent dropped is finalized in a forked child:
-        everything is frozen out of garbage collection while the children fork (a collection in a
-        child would run the finalizers of a discarded DALI pipeline there, which hang), and given
-        back to the collector here right after."""
+        """Start the processes (once; all or none). Nothing the parent dropped is finalized in a
+        forked child (a discarded DALI pipeline's shutdown hangs there): see ``_fork_safe``."""
         if self.started:
             return
-        gc.freeze()
-        try:
-            self._start_all()
-        finally:
-            gc.unfreeze()
+        with _fork_safe():
+            self.processes, self.consumers = self._start_all()
 
-    def _start_all(self) -> None:
+    def _start_all(self) -> Tuple[List[Any], List[RingConsumer]]:
         ctx = mp.get_context(self.start_method)
-        for config in self.configs:
-            here, there = ctx.Pipe(duplex=True)
-            process = ctx.Process(
-                target=run_worker,
-                args=(config, there, self.depth, os.getpid(), self.first_slot_bytes),
-                name=f"dali-shards-worker-{config.rank}.{config.worker}",
-            )
-            process.start()
-            there.close()
-            self.processes.append(process)
-            self.consumers.append(RingConsumer(here, process, self.depth, config.layout.header_slots))
+        processes: List[Any] = []
+        consumers: List[RingConsumer] = []
+        try:
+            for config in self.configs:
+                here, there = ctx.Pipe(duplex=True)
+                try:
+                    process = ctx.Process(
+                        target=run_worker,
+                        args=(config, there, self.depth, os.getpid(), self.first_slot_bytes),
+                        name=f"dali-shards-worker-{config.rank}.{config.worker}",
+                    )
+                    process.start()
+                except BaseException:
+                    here.close()
+                    raise
+                finally:
+                    there.close()
+                processes.append(process)
+                consumers.append(RingConsumer(here, process, self.depth, config.layout.header_slots))
+        except BaseException:
+            _end(processes, consumers)
+            raise
+        return processes, consumers
 
     def pids(self) -> List[int]:
         return pids_of(self.processes)
 
     def dead(self) -> List[Tuple[int, Optional[int]]]:
-        return [(p.pid, p.exitcode) for p in self.processes if p.exitcode is not None]
+        return dead_of(self.processes)
 
     def kill(self) -> None:
         """SIGKILL every live worker process now."""
-        for process in self.processes:
-            if process.pid and process.exitcode is None:
-                try:
-                    os.kill(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_all(self.processes)
 
     def stop(self) -> None:
-        """Ask every worker to end, wait ``JOIN_S`` for them, kill the rest, and reap them all."""
+        """Ask every worker to end, give them ``JOIN_S`` in all, kill the rest, and reap them all."""
         if os.getpid() != self.owner_pid:  # a forked child's copy: the workers are its parent's
             return
-        for consumer in self.consumers:
-            consumer.stop()
-        for process in self.processes:
-            process.join(JOIN_S)
-        self.kill()
-        for process in self.processes:
-            process.join(JOIN_S)
+        _end(self.processes, self.consumers)
         self.consumers = []
+
+
+@contextlib.contextmanager
+def _fork_safe() -> Iterator[None]:
+    """While children fork: collection off, and what exists frozen out of it (given back after),
+    so that no garbage of the parent's is collected in a child before it freezes what it inherited
+    (``entered_process``). Where the user froze objects already (``gc.freeze``), they stay frozen:
+    garbage is collected first instead."""
+    enabled = gc.isenabled()
+    thaw = gc.get_freeze_count() == 0
+    if thaw:
+        gc.freeze()
+    else:
+        gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if thaw:
+            gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def _end(processes: Sequence[Any], consumers: Sequence[RingConsumer]) -> None:
+    """Stop these workers: asked first, killed after ``JOIN_S`` (one deadline for all), reaped."""
+    for consumer in consumers:
+        consumer.stop()
+    deadline = time.monotonic() + JOIN_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    kill_all(processes)
+    for process in processes:
+        process.join(JOIN_S)

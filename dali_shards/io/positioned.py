@@ -13,7 +13,9 @@ import io
 import os
 import resource
 from collections import OrderedDict
-from typing import BinaryIO, Collection, Optional, Tuple
+from typing import Any, BinaryIO, Collection, Optional, Tuple
+
+import numpy as np
 
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.io.storage import open_local
@@ -60,7 +62,7 @@ def sample_in_span(
             url, f"sample {position} should lie in bytes {lo}-{hi - 1}, but only {len(data)} of those bytes could be "
             f"read (the shard, or the answer to the request for them, ends at byte {lo + len(data)})", hint=_STALE_HINT,
         )  # fmt: skip
-    reader = TarReader(_SpanBytes(data, lo), url, span=span, first=position, size=hi)
+    reader = TarReader(_SpanBytes(bytes(data), lo), url, span=span, first=position, size=hi)
     try:
         found = list(reader.samples(want, start=position, into=into))
     except ShardFormatError as exc:
@@ -92,8 +94,32 @@ class LocalFiles:
         self._files: "OrderedDict[str, BinaryIO]" = OrderedDict()
         self._sizes: dict = {}
 
-    def read(self, url: str, path: str, span: Tuple[int, int], size: Optional[int] = None) -> bytes:
-        """Bytes ``span`` of the file at ``path`` (shard ``url``; fewer only at its end)."""
+    def read(self, url: str, path: str, span: Tuple[int, int], size: Optional[int] = None) -> np.ndarray:
+        """Bytes ``span`` of the file at ``path`` (shard ``url``), read into a new uint8 array (one
+        copy, from the page cache or the disk); fewer only where the file ends sooner."""
+        self._file(url, path, span, size)  # the span is checked against the file before allocating
+        data = np.empty(span[1] - span[0], dtype=np.uint8)
+        return data[: self.read_into(url, path, span, size, data)]
+
+    def read_into(self, url: str, path: str, span: Tuple[int, int], size: Optional[int], out: Any) -> int:
+        """Read bytes ``span`` of the file at ``path`` into ``out`` (a writable buffer of the span's
+        length); the bytes read (fewer only where the file ends sooner)."""
+        f = self._file(url, path, span, size)
+        lo, hi = span
+        view, got = memoryview(out).cast("B"), 0
+        try:
+            while got < hi - lo:
+                n = os.preadv(f.fileno(), [view[got:]], lo + got)
+                if not n:
+                    break
+                got += n
+        except OSError as exc:
+            raise ShardAccessError(url, f"read error at byte {lo + got}: {exc}", hint="check the file system") from None
+        return got
+
+    def _file(self, url: str, path: str, span: Tuple[int, int], size: Optional[int]) -> BinaryIO:
+        """The open file at ``path``; a ShardFormatError if ``span`` ends beyond it (a bad or stale
+        index: never allocate or read more than the file holds)."""
         f = self._files.get(path)
         if f is None:
             f = open_local(path, url, size)
@@ -106,21 +132,12 @@ class LocalFiles:
         else:
             self._files.move_to_end(path)
         lo, hi = span
-        if hi > self._sizes[path]:  # never allocate more than the file holds (a bad or stale index)
+        if hi > self._sizes[path]:
             raise ShardFormatError(
                 url, f"a sample's span, bytes {lo}-{hi - 1}, lies beyond the end of the file, which has "
                 f"{self._sizes[path]} bytes: the shard is not what its index (manifest or scan) says", hint=_STALE_HINT,
             )  # fmt: skip
-        try:
-            data = os.pread(f.fileno(), hi - lo, lo)
-            while len(data) < hi - lo:
-                more = os.pread(f.fileno(), hi - lo - len(data), lo + len(data))
-                if not more:
-                    break
-                data += more
-        except OSError as exc:
-            raise ShardAccessError(url, f"read error at byte {lo}: {exc}", hint="check the file system") from None
-        return data
+        return f
 
     def close(self) -> None:
         while self._files:

@@ -33,7 +33,7 @@ Decoder = Callable[[bytes], Any]
 
 def decode_int(data: bytes) -> int:
     """A decimal text integer that fits in 64 bits (``ValueError`` otherwise)."""
-    text = bytes(data)[:64].strip()  # an int64 has at most 20 characters
+    text = bytes(data[:64]).strip()  # an int64 has at most 20 characters
     value = int(text)
     if not -(1 << 63) <= value < (1 << 63):
         raise ValueError(f"{value} does not fit in 64 bits")

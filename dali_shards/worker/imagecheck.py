@@ -24,6 +24,8 @@ import struct
 import zlib
 from typing import Optional
 
+import numpy as np
+
 from dali_shards.options import ImageCheck
 
 IMAGE_EXTENSIONS = frozenset(
@@ -86,14 +88,15 @@ def image_problem(data, level: ImageCheck = ImageCheck.STRUCTURE) -> Optional[st
     if level is ImageCheck.SIGNATURE:
         return None
     if head.startswith(b"\xff\xd8"):
-        return jpeg_problem(bytes(data) if not isinstance(data, bytes) else data)
+        return jpeg_problem(data if isinstance(data, bytes) else memoryview(data).cast("B"))
     if head.startswith(_PNG):
         return png_problem(memoryview(data).cast("B"))
     return None
 
 
-def jpeg_problem(data: bytes) -> Optional[str]:
-    """Damage in a JPEG's segment structure, or a missing end-of-image marker."""
+def jpeg_problem(data) -> Optional[str]:
+    """Damage in a JPEG's segment structure, or a missing end-of-image marker (``data``: bytes or
+    a byte memoryview, read in place)."""
     n, pos = len(data), 2
     while True:
         if pos >= n:
@@ -118,9 +121,56 @@ def jpeg_problem(data: bytes) -> Optional[str]:
         pos += length
         if marker == 0xDA:  # start of scan: entropy-coded data follows
             break
-    if data.rfind(b"\xff\xd9", pos) < 0:
+    if data[n - 2 : n] != b"\xff\xd9" and bytes(data[pos:]).rfind(b"\xff\xd9") < 0:  # (most end with it)
         return f"is a truncated JPEG: no end-of-image marker after its image data ({n} bytes)"
     return None
+
+
+MAX_SEGMENTS = 64  # JPEG segments walked in lockstep before the scan; a JPEG with more is checked alone
+
+
+def images_ok(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, level: ImageCheck) -> np.ndarray:
+    """Per image (``sizes[i]`` bytes at ``starts[i]`` of ``buf``): True where it passes the check at
+    ``level``. JPEGs are walked together, segment by segment, with array operations; any other
+    image, and a JPEG out of the ordinary (fill bytes, markers without a length, damage), is checked
+    alone by ``image_problem``, whose verdict stands."""
+    ok = np.zeros(len(starts), dtype=bool)
+    if level is ImageCheck.STRUCTURE and len(starts):
+        ok = _jpegs_ok(buf, starts.astype(np.int64), sizes.astype(np.int64))
+    view = memoryview(buf)
+    for i in np.flatnonzero(~ok).tolist():
+        ok[i] = image_problem(view[starts[i] : starts[i] + sizes[i]], level) is None
+    return ok
+
+
+def _jpegs_ok(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """True for the JPEGs whose segments, walked in lockstep, are plain (a marker, a length that
+    fits) up to the scan, and that end with the end-of-image marker; False for any other (unsure)."""
+    end = starts + sizes
+    big = sizes >= 8
+    top = len(buf) - 1
+    at = lambda p: buf[np.minimum(p, top)].astype(np.int64)  # noqa: E731 (positions are never negative)
+    active = big & (at(starts) == 0xFF) & (at(starts + 1) == 0xD8)
+    ends_eoi = big & (at(end - 2) == 0xFF) & (at(end - 1) == 0xD9)
+    reached = np.zeros(len(starts), dtype=bool)
+    pos = starts + 2
+    for _ in range(MAX_SEGMENTS):
+        idx = np.flatnonzero(active)
+        if not len(idx):
+            break
+        p, e = pos[idx], end[idx]
+        marker, length = at(p + 1), at(p + 2) << 8 | at(p + 3)
+        plain = (p + 4 <= e) & (at(p) == 0xFF) & ~_UNSURE_MARKERS[marker]
+        plain &= (length >= 2) & (p + 2 + length <= e)
+        scan = plain & (marker == 0xDA)
+        reached[idx[scan]] = True
+        pos[idx[plain]] = p[plain] + 2 + length[plain]
+        active[idx[~plain | scan]] = False
+    return reached & ends_eoi
+
+
+_UNSURE_MARKERS = np.zeros(256, dtype=bool)  # markers the lockstep walk leaves to image_problem
+_UNSURE_MARKERS[[0xFF, 0xD9, 0x00, *sorted(_JPEG_STANDALONE)]] = True
 
 
 def png_problem(data: memoryview) -> Optional[str]:

@@ -74,6 +74,13 @@ def read_segments(
         openers.close()
 
 
+def positioned(cfg, shard: int) -> bool:
+    """Whether a worker reads ``shard``'s samples by their spans with positioned reads: a local
+    shard whose sample offsets are known (uncompressed, indexed). Contiguous runs of such shards
+    are read so too, in order: one read per sample, no header walk through the samples between."""
+    return cfg.offsets[shard] is not None and not is_remote(cfg.urls[shard])
+
+
 def local_offsets(reader: ShardReader, shard: int) -> Optional[np.ndarray]:
     """A local shard's sample offsets: the worker's config's, else from a scan of its headers
     (once per process; None for a compressed shard). Errors opening it are the shard's."""
@@ -138,6 +145,14 @@ class Interleaved:
             before = ahead_of.fetcher if ahead_of is not None else None  # then full-size requests
             self.fetcher = RangeFetcher(spans, cfg.storage, window, request, ramp_until=0 if before else ramp,
                                         after=before, shared_window=window // AHEAD_SHARE)  # fmt: skip
+
+    def index_of(self, k: int) -> int:
+        """``__index__`` of the sample at place ``k`` of the order."""
+        return int(self.plan.canonical_starts[self.shards[k]]) + self.local[k]
+
+    def item(self, k: int) -> Item:
+        """The sample at place ``k`` of the order, read on its own (local shards)."""
+        return self._sample(k, int(self.order[k]), self.shards[k], self.local[k])
 
     def __iter__(self) -> Iterator[Tuple[int, Item]]:
         for k, (pos, s, i) in enumerate(zip(self.order.tolist(), self.shards, self.local)):

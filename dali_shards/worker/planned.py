@@ -11,15 +11,16 @@ the main process cut it short. The module imports no DALI.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.control import NO_SLOT
+from dali_shards.worker.direct import DirectBatches, direct_layout
 from dali_shards.worker.layout import Packed
-from dali_shards.worker.pieces import Interleaved, read_interleaved, read_segments
+from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.reader import Item, ShardReader, Skipped
 
 log = logging.getLogger("dali_shards")
@@ -39,17 +40,29 @@ class WorkerSource:
     When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
 
-    def __init__(self, config: WorkerConfig, slot=NO_SLOT):
+    def __init__(self, config: WorkerConfig, slot=NO_SLOT, direct: bool = False):
         if len(config.urls) != len(config.spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
         self.config = config
         self.worker = config.worker
         self.slot = slot
+        self.direct = direct and direct_layout(config)
         self.ahead: Optional[Ahead] = None
 
-    def epoch(self, epoch: int) -> "EpochBatches":
-        """The iterator of ``epoch``'s mini-batches."""
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """The iterator of ``epoch``'s mini-batches (with ``direct``, where the epoch allows it, of
+        table writers that read a step straight into the ring's slot: ``worker/direct.py``)."""
+        if self.direct and self.ahead is None:
+            plan = self.plan_for(epoch)
+            emissions = worker_emissions(plan, self.config.virtual_worker, plan.start_step * plan.spec.mini_batch)
+            shards = set(plan.locate([pos for pos, _ in emissions])[0].tolist()) if emissions else set()
+            if shards and all(positioned(self.config, s) for s in shards):
+                return DirectBatches(self, epoch, plan, emissions)
         return EpochBatches(self, epoch)
+
+    def reader(self, plan: EpochPlan) -> ShardReader:
+        """A reader of this worker's shards for ``plan``'s epoch, stamping its progress."""
+        return ShardReader(self.config, self.slot.progress, plan.epoch)
 
     def plan_for(self, epoch: int) -> EpochPlan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
@@ -151,6 +164,10 @@ class EpochBatches:
         needed = {pos for pos, _ in emissions}
         reader = ShardReader(src.config, src.slot.progress, plan.epoch)
         reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
+        if reads and all(positioned(src.config, seg.shard) for seg in reads):  # each sample by one read of its span
+            self._reading = Interleaved(plan, sorted(needed), needed.__contains__, reader)
+            self._samples = read_interleaved(self._reading)
+            return
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
 
     def _bucketed(self, emissions: List[Tuple[int, bool]], span: int, skip: int, first: int) -> Iterator[Tuple[int, bool]]:

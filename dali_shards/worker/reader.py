@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import lzma
 import zlib
-from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.positioned import sample_in_span
+from dali_shards.io.spanparse import fast_sample
 from dali_shards.io.storage import read_ahead, read_attempts
 from dali_shards.io.tarformat import TarReader
 from dali_shards.io.tarheader import printable
@@ -103,13 +104,15 @@ class ShardReader:
             log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)
             yield ShardFailed(url, error.detail)
 
-    def sample_at(self, shard: int, position: int, data: bytes, span: Tuple[int, int], index: int) -> Item:
+    def sample_at(self, shard: int, position: int, data: Any, span: Tuple[int, int], index: int) -> Item:
         """The shard's sample at ``position`` from the bytes of its ``span``, packed as
         ``__index__`` ``index``; under ``on_error="skip"`` a ``Skipped`` if it is bad."""
         self.progress()
         layout, url = self.config.layout, self.config.urls[shard]
         try:
-            sample = sample_in_span(data, url, span, position, layout.extensions, layout.destination)
+            sample = fast_sample(data, url, position, layout.extensions) if len(data) == span[1] - span[0] else None
+            if sample is None:  # anything out of the ordinary: the general reader accepts or names it
+                sample = sample_in_span(data, url, span, position, layout.extensions, layout.destination)
         except ShardFormatError as exc:
             if not self.config.skips:
                 raise

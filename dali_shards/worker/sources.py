@@ -19,8 +19,9 @@ class EpochSource(Protocol):
     def epoch(self, epoch: int) -> Iterator[List[Packed]]: ...
 
 
-def make_source(config: WorkerConfig, slot=NO_SLOT) -> Union[WorkerSource, StreamingWorkerSource]:
-    """The source of local worker ``config.worker``: planned or streaming, as its spec says."""
+def make_source(config: WorkerConfig, slot=NO_SLOT, direct: bool = False) -> Union[WorkerSource, StreamingWorkerSource]:
+    """The source of local worker ``config.worker``: planned or streaming, as its spec says;
+    ``direct``: its steps may be table writers that read straight into the ring's slots."""
     if isinstance(config.spec, StreamingSpec):
         return StreamingWorkerSource(config, slot)
-    return WorkerSource(config, slot)
+    return WorkerSource(config, slot, direct=direct)

@@ -186,3 +186,29 @@ def test_a_pipeline_called_again_after_a_workers_error_says_so_at_once(tmp_path)
             p.run()
     with pytest.raises(WorkerError, match="stopped .* after a worker's error"):
         p.run()  # not a hang waiting for the failed worker
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_the_fast_path_in_real_pipelines_delivers_every_sample_whole(tmp_path, start):
+    """Mini-batches of 32 or more: each step read straight into the slot (worker/direct.py)."""
+    from collections import Counter
+
+    from dali_shards.sample_data import sample_images, write_sample_shards
+
+    photos = sample_images()
+    originals = [hashlib.sha1(open(p.path, "rb").read()).hexdigest() for p in photos]
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(60, 0, 45, 90, 25, 80, 30, 70, 50, 40))
+
+    @sharded_pipeline(paths, fields=("jpg", "cls", "__index__", "__valid__"), batch_size=64, py_num_workers=2,
+                      shuffle=True, num_threads=1, device_id=None, py_start_method=start)  # fmt: skip
+    def pipe(jpg, cls, index, valid):
+        return jpg, cls, index, valid
+
+    for epoch in run_epochs(pipe(), 2):
+        seen = Counter()
+        for jpg, cls, index, valid in epoch:
+            for j, c, i, v in zip(jpg, cls, index, valid):
+                photo = int(i) % len(photos)
+                assert hashlib.sha1(j.tobytes()).hexdigest() == originals[photo] and int(c) == photos[photo].label
+                seen[int(i)] += bool(v)
+        assert sorted(seen) == list(range(490)) and set(seen.values()) == {1}

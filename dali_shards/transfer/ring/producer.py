@@ -12,12 +12,13 @@ from __future__ import annotations
 import pickle
 import traceback
 from collections import deque
-from typing import Any, Deque, List, Optional, Sequence
+from typing import Any, Deque, List, Optional
 
 from dali_shards.errors import WorkerError
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
-from dali_shards.worker.layout import Packed, SampleLayout
+from dali_shards.worker.layout import SampleLayout
+from dali_shards.worker.tables import Grow, as_table
 
 MIN_SLOT = 1 << 20
 GROWTH = 1.5
@@ -34,23 +35,32 @@ class RingProducer:
         self.conn = conn
         self.layout = layout
         self.slots: List[Optional[Segment]] = [None] * depth
-        self.generations = [0] * depth
+        self.generations = [0] * depth  # each slot's segment, counted
+        self.sent = [0] * depth  # the generation of each slot's segment the main process has
         self.free: Deque[int] = deque(range(depth))
         self.first_slot_bytes = max(MIN_SLOT, int(first_slot_bytes))
 
-    def put(self, epoch: int, step: int, samples: Sequence[Packed]) -> None:
+    def put(self, epoch: int, step: int, batch: Any) -> None:
         """Write the mini-batch of ``step`` of ``epoch`` into a free slot and announce it (waits for a
-        free slot; ``Stopped`` if the main process ends the worker meanwhile)."""
+        free slot; ``Stopped`` if the main process ends the worker meanwhile). ``batch``: packed
+        samples, or a table writer (``worker/tables.py``)."""
         slot = self._free_slot()
-        size = self.layout.table_size(samples)
-        segment, grown = self._segment(slot, size)
-        self.layout.table_array(samples, out=segment.array[:size])
+        table = as_table(self.layout, batch)
+        need = table.capacity
+        while True:
+            segment = self._segment(slot, need)
+            try:
+                size = table.write(segment.array)
+                break
+            except Grow as more:
+                need = more.size
         messages.send(
             self.conn, messages.BATCH, epoch=epoch, step=step, slot=slot, size=size, capacity=segment.size,
-            generation=self.generations[slot], count=len(samples),
+            generation=self.generations[slot], count=len(table),
         )  # fmt: skip
-        if grown:
+        if self.sent[slot] != self.generations[slot]:
             segment.send(self.conn)
+            self.sent[slot] = self.generations[slot]
 
     def end(self, epoch: int, steps: int) -> None:
         """Announce that ``epoch`` ended after ``steps`` steps."""
@@ -91,17 +101,17 @@ class RingProducer:
                 self.free.append(int(msg.slot))
         return self.free.popleft()
 
-    def _segment(self, slot: int, size: int):
-        """The slot's segment, replaced by a larger one if ``size`` bytes do not fit (and whether)."""
+    def _segment(self, slot: int, size: int) -> Segment:
+        """The slot's segment, replaced by a larger one if ``size`` bytes do not fit."""
         segment = self.slots[slot]
         if segment is not None and size <= segment.size:
-            return segment, False
+            return segment
         want = max(self.first_slot_bytes if segment is None else MIN_SLOT, int(size * GROWTH))
         if segment is not None:
             segment.close()
         segment = self.slots[slot] = Segment.create(want, f"dali-shards-slot-{slot}")
         self.generations[slot] += 1
-        return segment, True
+        return segment
 
     def close(self) -> None:
         for segment in self.slots:

@@ -1,0 +1,313 @@
+"""The ring's fast path: a step's samples read straight into the slot, located and checked with
+NumPy a step at a time, no Python object per sample or member.
+
+For the common case -- planned epochs, no ``map``/``decoders``/``bucket_by``, byte, integer, key,
+index and valid fields, local shards whose sample offsets are known, mini-batches of at least
+``MIN_DIRECT`` samples -- a worker writes each step's table into its slot itself: header rows,
+then each sample's span as it lies in the shard (one ``preadv`` per sample from the page cache
+into shared memory: the only copy), its members found by ``io/tarblocks.py``, the rows pointing
+at the members' bytes (a key at its header's name). Integers are parsed, keys checked against the
+index's fingerprints and images checked per sample, in place. Anything out of the ordinary in a
+step (an irregular member, a bad or missing field, a damaged image, a stale index, a read error)
+makes the whole step go the general way (``Interleaved`` per sample, ``SampleLayout.table_array``),
+which raises or skips exactly as it always does. Imports no DALI.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dali_shards.errors import ShardFormatError
+from dali_shards.io.storage import local_path
+from dali_shards.io.tarblocks import walk_members
+from dali_shards.io.tarheader import BLOCK
+from dali_shards.worker.decoders import decode_int
+from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, images_ok
+from dali_shards.worker.layout import INDEX_SLOT, STATUS_PADDING, STATUS_VALID, VALID_SLOT, Packed
+from dali_shards.worker.pieces import Interleaved
+from dali_shards.worker.reader import Skipped
+from dali_shards.worker.tables import Grow
+
+MIN_DIRECT = 32  # below this many samples per step the general way costs less
+DIRECT_KINDS = frozenset({"bytes", "int", "key", "index", "valid"})
+
+
+class NotDirect(Exception):
+    """This step goes the general way."""
+
+
+def direct_layout(config: Any) -> bool:
+    """Whether a worker's steps can take the fast path, as far as its options say (the shards
+    are checked per epoch)."""
+    layout, stage, spec = config.layout, config.stage, config.spec
+    return (
+        layout.table and layout.payload is None and not stage.user_code and spec.mini_batch >= MIN_DIRECT
+        and all(f.kind in DIRECT_KINDS for f in layout.fields) and hasattr(spec, "shard_sizes")
+    )  # fmt: skip
+
+
+def _aligned(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+class DirectBatches:
+    """One epoch of a worker's steps as ``DirectStep``s (the ring's fast path), stamped in the
+    control block and cut short where the main process says, as ``planned.EpochBatches``."""
+
+    def __init__(self, source: Any, epoch: int, plan: Any, emissions: Sequence[Tuple[int, bool]]):
+        self.source, self.epoch, self.plan = source, epoch, plan
+        self.emissions = list(emissions)
+        order = list(dict.fromkeys(pos for pos, _ in self.emissions))
+        self.place = {pos: k for k, pos in enumerate(order)}
+        reader = source.reader(plan)
+        self.reading = reading = Interleaved(plan, order, self.place.__contains__, reader)
+        self.good = LastGood(self.reading)
+        cfg = reading.cfg
+        self.spans = np.array([(int(cfg.offsets[s][i]), int(cfg.offsets[s][i + 1]))
+                               for s, i in zip(reading.shards, reading.local)], dtype=np.int64).reshape(-1, 2)  # fmt: skip
+        self.index = plan.canonical_starts[np.asarray(reading.shards, dtype=np.int64)] + np.asarray(reading.local)
+        sizes = np.array([-1 if cfg.byte_sizes[s] is None else cfg.byte_sizes[s] for s in reading.shards], np.int64)
+        # spans inside their shards as counted: a bad or stale index takes the general way, which says so
+        self.sane = (self.spans[:, 0] <= self.spans[:, 1]) & (self.spans[:, 1] <= sizes)
+        self.steps = plan.steps - plan.start_step
+        self.step = 0
+
+    def __iter__(self) -> "DirectBatches":
+        return self
+
+    def __next__(self) -> "DirectStep":
+        slot, m = self.source.slot, self.plan.spec.mini_batch
+        cut = slot.cut_step(self.epoch)
+        if self.step >= (self.steps if cut is None else min(cut, self.steps)):
+            self.reading.close()
+            slot.end(self.epoch, self.step, produced=False)
+            raise StopIteration
+        slot.begin(self.epoch, self.step)
+        part = self.emissions[self.step * m : (self.step + 1) * m]
+        self.step += 1
+        done = lambda step=self.step: slot.end(self.epoch, step)  # noqa: E731 - once it is written
+        return DirectStep(self, [self.place[p] for p, _ in part], [ok for _, ok in part], done)
+
+
+class DirectStep:
+    """One step's table, written into a slot by ``write`` (see the module). ``capacity`` bounds what
+    the fast path writes; the general way may need more (``Grow``: ask again with a larger slot)."""
+
+    def __init__(self, epoch: DirectBatches, places: Sequence[int], valid: Sequence[bool], done: Any = lambda: None):
+        self.epoch, self.reading, self.good, self.done = epoch, epoch.reading, epoch.good, done
+        self.places, self.valid = list(places), list(valid)
+        self.layout = self.reading.cfg.layout
+        self.unique = np.array(list(dict.fromkeys(self.places)), dtype=np.int64)  # padding repeats the last sample
+        self.rows_bytes = len(self.places) * self.layout.header_bytes
+        self.spans = epoch.spans[self.unique]
+        lengths = self.spans[:, 1] - self.spans[:, 0]
+        self.starts = _aligned(self.rows_bytes) + np.concatenate([[0], np.cumsum(-(-lengths // BLOCK) * BLOCK)[:-1]])
+        self.capacity = int(self.starts[-1] + lengths[-1]) if len(lengths) else self.rows_bytes
+        self._packed: Optional[List[Packed]] = None
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    def write(self, out: np.ndarray) -> int:
+        """Write the table into ``out``; the bytes it takes."""
+        if self._packed is None:
+            try:
+                used = self._direct(out)
+                self.done()
+                return used
+            except NotDirect:
+                self._packed = self._general()
+        size = self.layout.table_size(self._packed)
+        if size > len(out):
+            raise Grow(size)
+        self.layout.table_array(self._packed, out=out[:size])
+        self.done()
+        return size
+
+    # -- the fast path ---------------------------------------------------------------------
+    def _direct(self, out: np.ndarray) -> int:
+        if not self.epoch.sane[self.unique].all():
+            raise NotDirect()
+        if self.capacity > len(out):
+            raise Grow(self.capacity)
+        self._read(out)
+        ends = self.starts + (self.spans[:, 1] - self.spans[:, 0])
+        walk = walk_members(out, self.starts, ends)
+        if walk.irregular.any():
+            raise NotDirect()
+        at = {k: u for u, k in enumerate(self.unique.tolist())}
+        rows = out[: self.rows_bytes].view(np.int64).reshape(len(self.places), self.layout.header_slots)
+        fields = self._fields(out, walk, len(self.unique))
+        which = np.array([at[k] for k in self.places])
+        rows[:, INDEX_SLOT] = self.epoch.index[self.unique][which]
+        rows[:, VALID_SLOT] = np.where(self.valid, STATUS_VALID, STATUS_PADDING)
+        for slot, values in fields:
+            rows[:, slot] = values[which]
+        self.good.remember(int(self.unique[-1]))
+        return self.capacity
+
+    def _read(self, out: np.ndarray) -> None:
+        """Read every sample's span into ``out`` after the rows, each at its (block-aligned) start."""
+        reading, cfg = self.reading, self.reading.cfg
+        shards = [reading.shards[k] for k in self.unique.tolist()]
+        reading.reader.progress(shards[0])
+        for s, (lo, hi), at in zip(shards, self.spans.tolist(), self.starts.tolist()):
+            url = cfg.urls[s]
+            try:
+                got = reading.files.read_into(url, local_path(url), (lo, hi), cfg.byte_sizes[s], out[at : at + hi - lo])
+            except (ShardFormatError, OSError):
+                raise NotDirect() from None
+            if got != hi - lo:
+                raise NotDirect()
+
+    def _fields(self, out: np.ndarray, walk: Any, count: int) -> List[Tuple[int, np.ndarray]]:
+        """(header slot, value per unique sample) of every field the rows carry."""
+        found = _members_by_extension(walk, count, sorted(self.layout.extensions))
+        values: List[Tuple[int, np.ndarray]] = []
+        key_at, key_len = _keys(walk, count)
+        self._check_keys(out, key_at, key_len)
+        for spec in self.layout.fields:
+            if spec.kind == "key":
+                values += [(spec.slot, key_at), (spec.slot + 1, key_len)]
+                continue
+            if spec.kind not in ("bytes", "int"):
+                continue
+            data, size = _first_present(found, spec.extensions, count)
+            if spec.kind == "int":
+                values.append((spec.slot, np.array([_int(out, d, z) for d, z in zip(data, size)], dtype=np.int64)))
+                continue
+            if any(e in IMAGE_EXTENSIONS for e in spec.extensions):
+                self._check_images(out, data, size)
+            values += [(spec.slot, data), (spec.slot + 1, size)]
+        return values
+
+    def _check_keys(self, out: np.ndarray, key_at: np.ndarray, key_len: np.ndarray) -> None:
+        reading = self.reading
+        for k, a, n in zip(self.unique.tolist(), key_at.tolist(), key_len.tolist()):
+            recorded = reading.cfg.key_crc[reading.shards[k]]
+            if recorded is not None and zlib.crc32(out[a : a + n]) != int(recorded[reading.local[k]]):
+                raise NotDirect()
+
+    def _check_images(self, out: np.ndarray, data: np.ndarray, size: np.ndarray) -> None:
+        if not images_ok(out, data, size, self.layout.image_check).all():
+            raise NotDirect()
+
+    # -- the general way ---------------------------------------------------------------------
+    def _general(self) -> List[Packed]:
+        """The step's samples read and packed one by one, errors raised or skipped as always; a
+        skipped sample's stand-in is the last good sample before it (as ``EpochBatches`` picks it)."""
+        unique = self.unique.tolist()
+        items: Dict[int, Any] = {k: self.reading.item(k) for k in unique}
+        out, good = [], None
+        for k, valid in zip(self.places, self.valid):
+            item = items[k]
+            if isinstance(item, Skipped):
+                stand_in = good or self.good.sample(default=next((items[j] for j in unique if isinstance(items[j], Packed)), None))
+                out.append(stand_in.as_skipped(item.index) if valid else stand_in.as_padding())
+                continue
+            if valid:
+                good = item
+                self.good.remember(k, item)
+            out.append(item if valid else item.as_padding())
+        return out
+
+
+class LastGood:
+    """The last sample of a worker's epoch that was read whole: stands in for skipped ones."""
+
+    def __init__(self, reading: Interleaved):
+        self.reading = reading
+        self.place: Optional[int] = None
+        self.packed: Optional[Packed] = None
+
+    def remember(self, place: int, packed: Optional[Packed] = None) -> None:
+        self.place, self.packed = place, packed
+
+    def sample(self, default: Optional[Packed] = None) -> Packed:
+        """The last good sample (read again if need be), else ``default``."""
+        if self.packed is None and self.place is not None:
+            item = self.reading.item(self.place)
+            self.packed = item if isinstance(item, Packed) else None
+        if self.packed is None and default is not None:
+            return default
+        if self.packed is None:
+            cfg = self.reading.cfg
+            raise ShardFormatError(
+                cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
+                f"worker {cfg.virtual_worker} found no readable sample in its part of the epoch to stand in for the "
+                "skipped ones", hint="check the shards with `dali-shards inspect`",
+            )  # fmt: skip
+        return self.packed
+
+
+EXT_BYTES = 16  # extensions up to this long are compared as two words (longer ones: the general way)
+
+
+def _ext_codes(member: Any) -> np.ndarray:
+    """Each member's extension, lower-cased, as two 64-bit words (zero-padded)."""
+    start = member.key_end + 1
+    if (member.name_end - start > EXT_BYTES).any():
+        raise NotDirect()
+    cols = np.minimum(start[:, None] + np.arange(EXT_BYTES), 99)
+    ext = member.name[np.arange(len(start))[:, None], cols]
+    ext = np.where(cols < member.name_end[:, None], ext, 0).astype(np.uint8)
+    ext = np.where((ext >= 65) & (ext <= 90), ext + 32, ext).astype(np.uint8)
+    return np.ascontiguousarray(ext).view(np.uint64)
+
+
+def _code(ext: str) -> np.ndarray:
+    raw = ext.encode("utf-8", "surrogateescape")[:EXT_BYTES].ljust(EXT_BYTES, b"\0")
+    return np.frombuffer(raw, dtype=np.uint64)
+
+
+def _members_by_extension(walk: Any, count: int, wanted: Sequence[str]) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+    """Per wanted extension, (data offset, size) per sample (-1 where it has none); a sample with
+    two members of one extension (wanted or not) goes the general way, which names it."""
+    codes = np.zeros((count, len(walk.rounds), 2), dtype=np.uint64)
+    present = np.zeros((count, len(walk.rounds)), dtype=bool)
+    for r, member in enumerate(walk.rounds):
+        codes[member.samples, r] = _ext_codes(member)
+        present[member.samples, r] = True
+    for a in range(len(walk.rounds)):
+        for b in range(a + 1, len(walk.rounds)):
+            if (present[:, a] & present[:, b] & (codes[:, a] == codes[:, b]).all(axis=1)).any():
+                raise NotDirect()
+    found: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+    for ext in wanted:
+        data, size = np.full(count, -1, np.int64), np.zeros(count, np.int64)
+        target = _code(ext)
+        for r, member in enumerate(walk.rounds):
+            hit = (codes[member.samples, r] == target).all(axis=1)
+            data[member.samples[hit]], size[member.samples[hit]] = member.data[hit], member.size[hit]
+        found[ext] = (data, size)
+    return found
+
+
+def _first_present(found: Dict[str, Tuple[np.ndarray, np.ndarray]], extensions: Sequence[str], count: int):
+    """Per sample, the first of ``extensions`` it has (the field's alternatives, in order)."""
+    data, size = np.full(count, -1, np.int64), np.zeros(count, np.int64)
+    for ext in extensions:
+        d, z = found[ext]
+        take = (data < 0) & (d >= 0)
+        data[take], size[take] = d[take], z[take]
+    if (data < 0).any():
+        raise NotDirect()  # a sample without the field: the general way names it
+    return data, size
+
+
+def _keys(walk: Any, count: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Where each sample's key lies (its first member's name) and its length."""
+    first = walk.rounds[0]
+    key_at, key_len = np.zeros(count, np.int64), np.zeros(count, np.int64)
+    key_at[first.samples], key_len[first.samples] = first.header, first.key_end
+    return key_at, key_len
+
+
+def _int(out: np.ndarray, at: int, size: int) -> int:
+    try:
+        return decode_int(out[at : at + size])
+    except ValueError:
+        raise NotDirect() from None

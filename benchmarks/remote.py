@@ -87,7 +87,7 @@ def child(argv) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--samples", type=int, default=4096)

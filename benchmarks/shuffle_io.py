@@ -153,7 +153,7 @@ def markdown(rows, setup: str) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_io"))
     ap.add_argument("--samples", type=int, default=4096)

@@ -138,7 +138,7 @@ def plot(path: str, rows: list) -> None:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--per-class", type=int, default=1281)
     ap.add_argument("--shard-size", type=int, default=1000)

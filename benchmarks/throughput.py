@@ -133,7 +133,7 @@ def print_table(results: Dict[Tuple[str, str, int], Dict], ratios: Dict[str, flo
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--samples", type=int, default=8192, help="dataset size (a multiple of 512 x workers)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", default="1,2,4,8", help="py_num_workers measured in bytes mode (comma-separated)")

@@ -64,7 +64,7 @@ def make_source(args):
     from harness import bench_dir
 
     from dali_shards.options import ShardedOptions
-    from dali_shards.pipeline.resolve import resolve
+    from dali_shards.setup.resolve import resolve
     from dali_shards.worker.sources import make_source as source_of
 
     shards = build_bench_shards(bench_dir(args.data_dir, args.samples, args.per_shard), num_samples=args.samples,

@@ -5,7 +5,7 @@ Planning, tar reading, manifests and shard writing need no DALI; the names that 
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dali_shards.errors import (
     ConfigError,
@@ -21,9 +21,14 @@ from dali_shards.errors import (
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
 from dali_shards.options import ShardedOptions, StorageOptions
-from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.tools.writer import ShardWriter, write_shard
+
+if TYPE_CHECKING:  # imported when first used (they import DALI); type checkers see them at once
+    from dali_shards.pipeline.decode import decode_image, pipeline_has_gpu
+    from dali_shards.pipeline.decorator import pipeline_info, sharded_pipeline
+    from dali_shards.setup.info import ShardedPipelineInfo
 
 __version__ = "0.1.0"
 StorageConfig = StorageOptions  # the name before 0.2
@@ -31,7 +36,7 @@ StorageConfig = StorageOptions  # the name before 0.2
 _LAZY = {
     "sharded_pipeline": "pipeline.decorator",
     "pipeline_info": "pipeline.decorator",
-    "ShardedPipelineInfo": "pipeline.info",
+    "ShardedPipelineInfo": "setup.info",
     "decode_image": "pipeline.decode",
     "pipeline_has_gpu": "pipeline.decode",
 }

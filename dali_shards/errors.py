@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import ast
+import base64
+import pickle
 import re
 from typing import Optional
 
@@ -17,6 +18,10 @@ class ConfigError(DaliShardsError, ValueError):
 
 class UnknownOptionError(ConfigError, TypeError):
     """A keyword that is neither an option, a DALI pipeline parameter nor the function's own."""
+
+
+class ManifestNotFound(ConfigError):
+    """The manifest file does not exist."""
 
 
 class EmptyDatasetError(ConfigError):
@@ -66,36 +71,38 @@ class WorkerError(DaliShardsError, RuntimeError):
     """A worker process of a sharded pipeline failed or died; says which and what to do."""
 
 
-_SHARD_MESSAGE = re.compile(
-    r"shard ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")(?:, sample ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))?: "
-    r"(.*?)(?:\. What to do: (.*))?$",
-    re.DOTALL,
-)
-_CLASSES = {
-    "ShardError": ShardError,
-    "ShardFormatError": ShardFormatError,
-    "ShardAccessError": ShardAccessError,
-    "ShardMapError": ShardMapError,
-}
+_CARRIED = re.compile(r"\[dali_shards error object: ([A-Za-z0-9+/=]+)\]")
 
 
-def from_worker(exc: BaseException) -> Optional[DaliShardsError]:
-    """The dali_shards error a worker raised, rebuilt from the exception DALI re-raises in the
-    main process (DALI sends only the text), or None if it is not one of ours."""
-    text = ""
+class CarriedError(RuntimeError):
+    """A worker's dali_shards error on its way through DALI's worker pool (the merge transfer),
+    which passes only the text of an exception on: the error, pickled, rides in the text, and the
+    main process takes the object back out (``from_worker``)."""
+
+    def __init__(self, exc: BaseException, pickled: bytes):
+        payload = base64.b64encode(pickled).decode("ascii")
+        super().__init__(f"{type(exc).__name__}: {exc}\n[dali_shards error object: {payload}]")
+
+
+def carry(exc: BaseException) -> BaseException:
+    """``exc`` made fit to cross DALI's worker pool (a ``CarriedError``); as it is if it cannot be
+    pickled (the main process then sees DALI's text of it)."""
+    try:
+        pickled = pickle.dumps(exc)
+        pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - an unpicklable error goes as it is
+        return exc
+    return CarriedError(exc, pickled)
+
+
+def from_worker(exc: BaseException) -> Optional[BaseException]:
+    """The dali_shards error a worker raised (see ``carry``), out of the exception DALI re-raises
+    in the main process; None if it carries none."""
     for e in (exc, exc.__cause__, exc.__context__):
-        if e is not None:
-            text += "\n" + str(e)
-    match = re.search(r"dali_shards\.errors\.(Shard\w*Error|ConfigError): ", text)
-    if match is None:
-        return None
-    message = text[match.end() :].strip().splitlines()
-    if match.group(1) == "ConfigError":  # a user callable that cannot be loaded in a worker
-        return ConfigError(message[0]) if message else None
-    body = _SHARD_MESSAGE.match("\n".join(message))
-    if body is None:
-        return None
-    url = ast.literal_eval(body.group(1))
-    key = ast.literal_eval(body.group(2)) if body.group(2) else None
-    hint = (body.group(4) or "").split("\n", 1)[0]  # a hint is one line; DALI may repeat the message after it
-    return _CLASSES.get(match.group(1), ShardError)(url, body.group(3), key=key, hint=hint)
+        match = _CARRIED.search(str(e)) if e is not None else None
+        if match is not None:
+            try:
+                return pickle.loads(base64.b64decode(match.group(1)))
+            except Exception:  # noqa: BLE001 - a damaged text: DALI's own error stands
+                return None
+    return None

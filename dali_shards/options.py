@@ -15,23 +15,13 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 from dali_shards.errors import ConfigError
+from dali_shards.fields import StrEnum, check_decoders, check_fields
 
 E = TypeVar("E", bound=Enum)
 MAX_EPOCH = (1 << 31) - 2  # the last epoch a pipeline can start or resume at (the control block's cut word)
-
-try:
-    from enum import StrEnum
-except ImportError:  # Python 3.10
-
-    class StrEnum(str, Enum):  # type: ignore[no-redef]
-        """A ``str`` enum whose members print as their values."""
-
-        __str__ = str.__str__
-        __format__ = str.__format__
-
 
 class LastBatch(StrEnum):
     """What happens to the samples that do not fill a last global batch."""
@@ -93,7 +83,12 @@ def _int(name: str, value: Any, minimum: int, *, optional: bool = False) -> Opti
 def _seconds(name: str, value: Any, *, optional: bool = False) -> Optional[float]:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 or value != value:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not value > 0  # type: ignore[operator]  # typeshed's numbers.Real has no __gt__
+        or value != value
+    ):
         none = " or None (no limit)" if optional else ""
         raise ConfigError(f"{name} must be a positive number of seconds{none}, got {value!r}")
     return float(value)
@@ -211,7 +206,7 @@ class ShardedOptions:
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         set_("source", _source(self.source))
-        set_("fields", _fields(self.fields))
+        set_("fields", check_fields(self.fields))
         for name in ("batch_size", "py_num_workers", "worker_prefetch", "shuffle_buffer"):
             set_(name, _int(name, getattr(self, name), 1))
         set_("shuffle_block", _int("shuffle_block", self.shuffle_block, 0))
@@ -245,8 +240,6 @@ class ShardedOptions:
 
     def _check_stage(self) -> None:
         """The worker-side Python stage: ``map``, ``decoders``, ``bucket_by``, ``bucket_window``."""
-        from dali_shards.worker.decoders import check_decoders
-
         for name in ("map", "bucket_by"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"{name} must be a callable or None, got {getattr(self, name)!r}")
@@ -301,15 +294,6 @@ def _source(source: Any) -> Any:
             raise ConfigError(f"source must be a non-empty list of shard paths/URLs/patterns, got {source!r}")
         return tuple(os.fspath(s) for s in source)
     raise ConfigError(f"source must be a path, URL, pattern, manifest or a list of them, got {source!r}")
-
-
-def _fields(fields: Any) -> Tuple[str, ...]:
-    if isinstance(fields, str) or not isinstance(fields, Sequence) or not fields:
-        raise ConfigError(f"fields must be a non-empty sequence of field names, e.g. ('jpg', 'cls'), got {fields!r}")
-    from dali_shards.worker.layout import SampleLayout  # checks names, alternatives and duplicates
-
-    SampleLayout(tuple(fields))
-    return tuple(fields)
 
 
 def _required(f: dataclasses.Field) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -13,13 +13,14 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
+from dali_shards.plan.statecheck import State
 from dali_shards.world import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
-from dali_shards.pipeline.decode_failure import decode_failure
+from dali_shards.decode_failure import decode_failure
 from dali_shards.pipeline.decorator import pipeline_info
-from dali_shards.pipeline.supervise import Watchdog
-from dali_shards.processes import describe_exit
-from dali_shards.torch_outputs import torch_ready
+from dali_shards.supervise import Watchdog
+from dali_shards.pids import describe_exit
+from dali_shards.torch_outputs import BatchOutputs, device_of, select
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
@@ -59,7 +60,13 @@ class DALIShardedIterator(DALIGenericIterator):
 
     The iterator adds one small output to the pipeline (each slot's index and status) when it
     builds it, to see padding and skipped samples; hand it a pipeline that is not built yet.
-    Each ``next()`` returns a list with one dict (name -> tensor), like ``DALIGenericIterator``.
+    Each ``next()`` returns a list with one dict, like ``DALIGenericIterator``, from each name of
+    ``output_map`` to: a tensor where the output's samples share one shape; a list of per-sample
+    tensors where they differ (``ragged="list"``), or one zero-padded tensor with the samples'
+    shapes under ``<name>_shape`` (``ragged="pad"``); a list of ``str`` for the ``__key__`` field
+    (see ``dali_shards.torch_outputs``). ``dynamic_shape`` and ``prepare_first_batch`` are
+    ``DALIGenericIterator``'s (the first is ignored by DALI; the second fetches the first batch
+    when the iterator is made). ``epoch`` is the epoch the next batch belongs to.
     """
 
     def __init__(
@@ -70,17 +77,22 @@ class DALIShardedIterator(DALIGenericIterator):
         keep_padding: bool = False,
         mask_name: str = "__valid__",
         audit: bool = False,
+        ragged: str = "list",
         dynamic_shape: bool = False,
         prepare_first_batch: bool = True,
-    ):
+    ) -> None:
         if keep_padding and mask_name in output_map:
-            raise ValueError(f"mask_name {mask_name!r} clashes with an output name; choose another")
+            raise ConfigError(f"mask_name {mask_name!r} clashes with an output name; choose another")
+        BatchOutputs.check(ragged, output_map)
+        self.ragged = ragged
         self.keep_padding = keep_padding
         self.mask_name = mask_name
         self.audit = audit
         self.audits: List[Dict] = []
         self._output_names = list(output_map)
-        self._iterator_options = dict(dynamic_shape=dynamic_shape, prepare_first_batch=prepare_first_batch)
+        self._iterator_options: Dict[str, Any] = dict(
+            dynamic_shape=dynamic_shape, prepare_first_batch=prepare_first_batch
+        )
         self._attach(pipeline)
 
     def _attach(self, pipeline: Pipeline) -> None:
@@ -90,9 +102,9 @@ class DALIShardedIterator(DALIGenericIterator):
                 "this pipeline already feeds a DALIShardedIterator: a pipeline has one consumer. Make another "
                 "pipeline (call the @sharded_pipeline function again) for a second iterator, or reuse the first one"
             )
-        pipeline._dali_shards_iterated = True
+        pipeline._dali_shards_iterated = True  # type: ignore[attr-defined]  # our marker on DALI's Pipeline
         if self.audit and self.info.streaming is not None:
-            raise ValueError(
+            raise ConfigError(
                 "audit=True checks exactly-once delivery, which the streaming mode (samples_per_epoch=) "
                 "does not promise; give the shards' sample counts (a manifest) to audit"
             )
@@ -110,8 +122,10 @@ class DALIShardedIterator(DALIGenericIterator):
                 "DALIShardedIterator needs to build the pipeline itself (it adds an output to see skipped "
                 "samples and to audit): do not call pipe.build() before creating it"
             )
-        self._pipeline = pipeline
-        self._watchdog = None
+        keys = [names[i] for i in self.info.key_outputs if i < len(self._output_names)]
+        self._outputs = BatchOutputs(names, keys, self.ragged)
+        self._pipeline: Optional[Pipeline] = pipeline
+        self._watchdog: Optional[Watchdog] = None
         self._guarded(pipeline.build)  # starts the workers: watch them before the first batch
         self._watch(pipeline)
         self._guarded(
@@ -129,11 +143,10 @@ class DALIShardedIterator(DALIGenericIterator):
             self._watchdog = Watchdog(control, self.info.transfer.pids(), urls, self.info.rank)
             weakref.finalize(self, self._watchdog.stop)
 
-    def _get_outputs(self):
-        """DALI's outputs of the next batch, those PyTorch cannot take as they are made fit (see
-        ``torch_ready``)."""
-        outputs = DALIGenericIterator._get_outputs(self)
-        return [[torch_ready(out, name) for out, name in zip(outs, self.output_map)] for outs in outputs]
+    def _get_outputs(self) -> List[List[Any]]:
+        """DALI's outputs of the next batch, those PyTorch cannot take as they are (ragged, keys,
+        unsigned types) converted here and kept for ``__next__`` (see ``torch_outputs``)."""
+        return [self._outputs.prepare(outs) for outs in DALIGenericIterator._get_outputs(self)]
 
     @property
     def step(self) -> int:
@@ -147,14 +160,15 @@ class DALIShardedIterator(DALIGenericIterator):
         plan = self.info.plan(self.epoch)
         return plan.steps - plan.start_step
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> State:
         """Where the epoch stands: a small JSON-able dict, the same on every rank."""
         return self.info.state(self.epoch, self._step)
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
-        self.info.resume_point(state)  # refuse an incompatible state before stopping anything
+        self.info.resume_point(dict(state))  # refuse an incompatible state before stopping anything
         rebuild = self.info.rebuild
+        assert rebuild is not None  # build_sharded_pipeline gives every pipeline one
         if self._watchdog is not None:
             self._watchdog.stop()
         self._pipes = []
@@ -163,10 +177,11 @@ class DALIShardedIterator(DALIGenericIterator):
         gc.collect()  # the old pipeline's worker processes stop when it is collected
         self._attach(rebuild(resume_from=state))
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+    def __next__(self) -> List[Dict[str, Any]]:
         if not self._plan_checked:
             self._plan_checked = True
             summary = lambda: plan_summary(self.state_dict(), len(self), self.info.spec, self.info.rank)  # noqa: E731
+            assert self._pipeline is not None  # set by _attach
             check_same_plan(self.info.spec.world_size, summary, self._pipeline.device_id)
         try:
             batches = self._guarded(lambda: DALIGenericIterator.__next__(self))
@@ -175,7 +190,7 @@ class DALIShardedIterator(DALIGenericIterator):
             raise
         step = self._step
         self._step += 1
-        return [self._apply_mask(batches[0], step)]
+        return [self._apply_mask(self._outputs.finish(batches[0]), step)]
 
     def __iter__(self) -> "DALIShardedIterator":
         """The iterator itself: a loop continues the current epoch where it stands (after every
@@ -197,7 +212,7 @@ class DALIShardedIterator(DALIGenericIterator):
         end = self._cut_short(delivered, steps)
         while True:  # read and discard what is left: at most ``end - delivered`` batches
             try:
-                self._guarded(lambda: DALIGenericIterator.__next__(self))
+                self._outputs.finish(self._guarded(lambda: DALIGenericIterator.__next__(self))[0])
             except StopIteration:
                 break
         if delivered < steps:
@@ -220,6 +235,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _check_cut(self, end: int) -> None:
         control = self.info.control
+        assert control is not None  # _cut_short cut the epoch through it
         steps = {w.worker: w.step for w in control.snapshot() if w.epoch == self.epoch}
         if any(step != end for step in steps.values()):
             raise WorkerError(
@@ -276,7 +292,10 @@ class DALIShardedIterator(DALIGenericIterator):
         except Exception as exc:  # the merge transfer's DALI re-raises worker errors as plain exceptions
             dead = transfer.dead()
             transfer.kill()
-            ours = transfer.translate(exc) or decode_failure(exc, self.info, self.epoch, self._fetching_step())
+            carried = transfer.translate(exc)  # the worker's own error object: DALI's text of it adds nothing
+            if carried is not None:
+                raise carried from None
+            ours = decode_failure(exc, self.info, self.epoch, self._fetching_step())
             if ours is not None:
                 raise ours from exc
             if dead or transfer.lost_worker(exc):
@@ -304,7 +323,7 @@ class DALIShardedIterator(DALIGenericIterator):
             "the last state_dict() to continue the epoch"
         )
 
-    def _apply_mask(self, batch: Dict[str, torch.Tensor], step: int) -> Dict[str, torch.Tensor]:
+    def _apply_mask(self, batch: Dict[str, Any], step: int) -> Dict[str, Any]:
         if self._status:
             status = batch.pop(STATUS_OUTPUT).to("cpu").reshape(-1, 2).numpy()
             mask = status[:, 1] == 1
@@ -313,11 +332,8 @@ class DALIShardedIterator(DALIGenericIterator):
         else:
             mask = self.info.plan(self.epoch).valid_mask(self.info.rank, step)
         if self.keep_padding:
-            first = next(iter(batch.values()), None)
-            device = first.device if first is not None else torch.device("cpu")
-            batch[self.mask_name] = torch.from_numpy(mask).to(device)
+            batch[self.mask_name] = torch.from_numpy(mask).to(device_of(batch))
             return batch
         if mask.all():
             return batch
-        keep = torch.from_numpy(np.flatnonzero(mask))
-        return {name: t[keep.to(t.device)] for name, t in batch.items()}
+        return select(batch, np.flatnonzero(mask))

@@ -1,18 +1,36 @@
-"""Pipeline outputs made fit for PyTorch: DALI's PyTorch plugin has no tensor type for uint16,
-uint32 and uint64, so such an output's batch is widened to a type that holds its values."""
+"""Pipeline outputs made fit for PyTorch, batch by batch, for ``DALIShardedIterator``.
+
+- An output whose samples differ in shape (boxes from a ``map``, text bytes, keys of different
+  lengths) cannot be one tensor. It comes as a list of per-sample tensors on the pipeline's device
+  (``ragged="list"``, the default), or padded with zeros into one tensor of the largest shape, with
+  each sample's shape beside it under ``<name>_shape`` (``ragged="pad"``, an int64 ``(batch, ndim)``
+  tensor). Dense outputs stay dense tensors.
+- An output that is the ``__key__`` field comes as a list of ``str``.
+- DALI's PyTorch plugin has no tensor type for uint16, uint32 and uint64: such an output is widened
+  to a type that holds its values (int32, int64, int64).
+
+DALI's iterator converts every output to one tensor, so the outputs above are converted here, as
+DALI hands them over (``BatchOutputs.prepare``), a small placeholder going on in their place, and
+put into the batch DALI's iterator returns (``finish``), in the same order.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from typing import Any, Deque, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
+import torch
 from nvidia.dali import types
-from nvidia.dali.tensors import TensorListCPU
+from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
+from nvidia.dali.tensors import TensorListCPU, TensorListGPU
 
 from dali_shards.errors import ConfigError
 
 # unsigned types PyTorch's DALI plugin has no tensor type for, and the type that holds their values
 WIDENED = {types.DALIDataType.UINT16: np.int32, types.DALIDataType.UINT32: np.int64, types.DALIDataType.UINT64: np.int64}
+RAGGED = ("list", "pad")
+SHAPE_SUFFIX = "_shape"
 
 
 def torch_ready(out: Any, name: str) -> Any:
@@ -26,10 +44,123 @@ def torch_ready(out: Any, name: str) -> Any:
             f"output {name!r} is {out.dtype} on the GPU, which PyTorch cannot take: cast it in the pipeline "
             "function, e.g. fn.cast(x, dtype=types.INT32) (INT64 for uint32 and uint64)"
         )
-    arrays = [np.asarray(t) for t in out]
+    arrays = [np.asarray(t) for t in out]  # type: ignore[attr-defined]  # DALI: iterable by __getitem__, no __iter__
     if out.dtype == types.DALIDataType.UINT64 and any(a.size and a.max() > np.iinfo(np.int64).max for a in arrays):
         raise ConfigError(
             f"output {name!r} is uint64 and holds values beyond int64, which PyTorch cannot take: return int64 "
             "(or smaller) values from the map, or cast in the pipeline function"
         )
     return TensorListCPU([a.astype(wide) for a in arrays], out.layout())
+
+
+def key_strings(out: Any) -> List[str]:
+    """A ``__key__`` output's samples as strings (UTF-8, invalid bytes kept as surrogate escapes)."""
+    cpu = out.as_cpu() if isinstance(out, TensorListGPU) else out
+    # DALI's TensorList stubs have no __iter__ (it iterates by __getitem__)
+    return [np.asarray(t).tobytes().decode("utf-8", "surrogateescape") for t in cpu]  # type: ignore[union-attr]
+
+
+def per_sample(out: Any) -> List[torch.Tensor]:
+    """An output's samples as tensors of their own shapes, on the output's device (copies)."""
+    if isinstance(out, TensorListCPU):  # NumPy copies: a quarter of the cost of DALI's per-sample conversion
+        # DALI's TensorList stubs have no __iter__ (it iterates by __getitem__)
+        return [torch.from_numpy(np.array(t)) for t in out]  # type: ignore[attr-defined]
+    return [to_torch_tensor(out[i], copy=True) for i in range(len(out))]
+
+
+def padded(out: Any) -> Dict[str, torch.Tensor]:
+    """An output's samples zero-padded to the largest shape, and each sample's shape."""
+    if not isinstance(out, TensorListCPU):
+        return _padded_tensors(per_sample(out))
+    arrays = [np.asarray(t) for t in out]  # type: ignore[attr-defined]  # DALI: iterable by __getitem__, no __iter__
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), -1)
+    top = shapes.max(axis=0) if len(arrays) else np.zeros(0, np.int64)
+    dtype = arrays[0].dtype if arrays else np.uint8
+    batch = np.zeros((len(arrays), *top.tolist()), dtype=dtype)
+    for i, a in enumerate(arrays):
+        batch[(i, *[slice(0, d) for d in a.shape])] = a
+    return {"": torch.from_numpy(batch), SHAPE_SUFFIX: torch.from_numpy(shapes)}
+
+
+def _padded_tensors(tensors: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    shapes = torch.tensor([list(t.shape) for t in tensors], dtype=torch.int64).reshape(len(tensors), -1)
+    top = shapes.max(dim=0).values.tolist() if len(tensors) else []
+    first = tensors[0] if tensors else torch.empty(0)
+    batch = torch.zeros((len(tensors), *top), dtype=first.dtype, device=first.device)
+    for i, t in enumerate(tensors):
+        where: Tuple[Union[int, slice], ...] = (i, *[slice(0, d) for d in t.shape])
+        batch[where] = t
+    return {"": batch, SHAPE_SUFFIX: shapes.to(first.device)}
+
+
+class BatchOutputs:
+    """The conversions above for one iterator: ``names`` its outputs (in order), ``keys`` those that
+    are the ``__key__`` field, ``ragged`` how outputs whose samples differ in shape come."""
+
+    def __init__(self, names: Sequence[str], keys: Sequence[str] = (), ragged: str = "list"):
+        self.check(ragged, names)
+        self.names, self.keys, self.ragged = list(names), set(keys), ragged
+        self.pending: Deque[Dict[str, Any]] = deque()  # converted outputs of the batches in flight
+
+    @staticmethod
+    def check(ragged: str, names: Sequence[str]) -> None:
+        """A ConfigError if ``ragged`` is not an option, or (padding) a ``<name>_shape`` is taken."""
+        if ragged not in RAGGED:
+            raise ConfigError(f"ragged must be one of {RAGGED}, got {ragged!r}")
+        taken = [n + SHAPE_SUFFIX for n in names if n + SHAPE_SUFFIX in names]
+        if ragged == "pad" and taken:
+            raise ConfigError(
+                f"ragged='pad' puts each padded output's shapes under '<name>{SHAPE_SUFFIX}', and {taken} are "
+                "output names already: rename those outputs"
+            )
+
+    def prepare(self, outs: Sequence[Any]) -> List[Any]:
+        """One batch's outputs from DALI: converted where need be (kept until ``finish``), with a
+        placeholder in their place for DALI's own conversion."""
+        converted: Dict[str, Any] = {}
+        ready = []
+        for out, name in zip(outs, self.names):
+            out = torch_ready(out, name)
+            if name in self.keys:
+                converted[name] = key_strings(out)
+            elif not out.is_dense_tensor():
+                converted.update(self._ragged(out, name))
+            else:
+                ready.append(out)
+                continue
+            ready.append(TensorListCPU(np.zeros((len(out), 0), dtype=np.uint8)))
+        self.pending.append(converted)
+        return ready
+
+    def finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """DALI's converted batch with the outputs converted here in their places."""
+        converted = self.pending.popleft() if self.pending else {}
+        batch.update(converted)
+        return batch
+
+    def _ragged(self, out: Any, name: str) -> Dict[str, Any]:
+        if self.ragged == "list":
+            return {name: per_sample(out)}
+        return {name + suffix: value for suffix, value in padded(out).items()}
+
+
+def device_of(batch: Dict[str, Any]) -> torch.device:
+    """The device of a batch's first tensor (a list's first tensor; the CPU if there is none)."""
+    for value in batch.values():
+        if isinstance(value, list):
+            value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def select(batch: Dict[str, Any], rows: np.ndarray) -> Dict[str, Any]:
+    """The batch with only the samples at ``rows`` (an index array): tensors indexed, lists picked."""
+    keep = torch.from_numpy(rows)
+    out: Dict[str, Any] = {}
+    for name, value in batch.items():
+        if isinstance(value, list):
+            out[name] = [value[i] for i in rows.tolist()]
+        else:
+            out[name] = value[keep.to(value.device)]
+    return out

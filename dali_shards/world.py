@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from dali_shards.errors import ConfigError
 
@@ -105,7 +105,7 @@ _SUMMARY = ("plan", "rank", "steps", "samples", "shards", "epoch", "world_size",
 _NAMES = ("names", "name_set")  # shard names do not change a plan: ranks may read copies named apart
 
 
-def plan_summary(state: Dict[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
+def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
     """What every rank must agree on before its first batch, as integers (see ``_SUMMARY``): a
     fingerprint of the iterator's ``state_dict()``, its ``len()`` and the batch layout, then a few
     readable figures and the rank."""

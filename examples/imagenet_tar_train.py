@@ -43,7 +43,7 @@ STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument(
         "--data",
         help="training shards (pattern, list or manifest; local, s3://, gs:// or https://); default: the built-in photos",

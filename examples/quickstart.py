@@ -46,7 +46,7 @@ def make_pipeline(source, args):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--data", help="shards (pattern, list file or manifest); default: the built-in photos")
     ap.add_argument("--world-size", type=int, default=2, help="simulated ranks")
     ap.add_argument("--workers", type=int, default=2, help="Python workers per rank (py_num_workers)")

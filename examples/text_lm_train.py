@@ -34,17 +34,15 @@ import numpy as np
 import torch
 from nvidia.dali import fn
 
-from dali_shards import sharded_pipeline
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards import ShardWriter, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
-from dali_shards.tools.writer import ShardWriter
 
 PAD, UNK, BOS = 0, 1, 2
 WORD = re.compile(r"\w+|[^\w\s]")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--steps-per-epoch", type=int, default=None, help="stop each epoch early (smoke runs)")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -103,12 +101,10 @@ def token_count(out: dict) -> int:
 def write_text_shards(texts: List[str], folder: str, seed: int) -> str:
     """The texts as shards of 500 samples, in a shuffled order; the manifest's path."""
     order = np.random.default_rng(seed).permutation(len(texts))
-    with ShardWriter(os.path.join(folder, "text-%05d.tar"), max_count=500) as writer:
+    with ShardWriter(os.path.join(folder, "text-%05d.tar"), max_count=500) as writer:  # + manifest.json
         for i in order:
-            writer.write({"__key__": f"{i:06d}", "txt": texts[i].encode("utf-8")})
-    manifest = os.path.join(folder, "manifest.json")
-    write_manifest(manifest, scan_shards(writer.paths))
-    return manifest
+            writer.write({"__key__": f"{i:06d}", "txt": texts[i]})
+    return writer.manifest_path
 
 
 def make_loader(manifest, tokenizer, args, bucket: bool, seed: int):

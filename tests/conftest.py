@@ -1,6 +1,6 @@
 """Fixtures shared by every tier, and the tiers' markers: a test's folder (unit/, pipeline/,
 integration/) is its marker, so ``pytest -m "not integration"`` or ``pytest tests/unit`` pick a
-tier. A run of only unit tests fails if anything imported DALI: that tier must stay pure."""
+tier. A run of only unit tests fails if anything imported DALI or torch: that tier must stay pure."""
 
 import os
 import sys
@@ -43,9 +43,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if getattr(session.config, "_dali_shards_unit_only", False) and "nvidia.dali" in sys.modules:
-        print("\nERROR: a unit test imported nvidia.dali; unit tests must not need DALI", file=sys.stderr)
-        session.exitstatus = 1
+    if getattr(session.config, "_dali_shards_unit_only", False):
+        heavy = [m for m in ("nvidia.dali", "torch") if m in sys.modules]
+        if heavy:
+            print(f"\nERROR: a unit test imported {heavy}; unit tests must need neither DALI nor torch", file=sys.stderr)
+            session.exitstatus = 1
 
 
 @pytest.fixture(params=("ring", "merge"))

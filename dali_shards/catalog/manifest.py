@@ -32,14 +32,16 @@ import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from dali_shards.errors import ConfigError, ShardAccessError, ShardError
+from dali_shards.errors import ConfigError, ManifestNotFound, ShardAccessError, ShardError
 from dali_shards.io.fsrequest import probe, unreachable
 from dali_shards.options import StorageOptions
-from dali_shards.io.remote import DEFAULT_STORAGE, RangeReader, filesystem, http_status, is_remote
+from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
+from dali_shards.io.fsrequest import http_status
+from dali_shards.io.ranged import RangeReader
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarscan import ShardStats, key_fingerprints, scan_tar
 from dali_shards.options import OnError, option_default
@@ -71,7 +73,7 @@ class ShardInfo:
     lost: int = field(default=0, compare=False)  # with ``damage``: samples known lost (more may be)
 
     @staticmethod
-    def offsets_from(values: Optional[Sequence[int]]) -> Optional[np.ndarray]:
+    def offsets_from(values: Optional[Union[Sequence[int], np.ndarray]]) -> Optional[np.ndarray]:
         """``values`` as the read-only int64 array ``offsets`` holds (None stays None)."""
         if values is None:
             return None
@@ -153,7 +155,7 @@ def scan_shards(
     urls: Sequence[str], max_threads: int = 16, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE
 ) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
-    missing = [u for u in urls if local_path(u) is not None and not os.path.exists(local_path(u))]
+    missing = [u for u in urls if (p := local_path(u)) is not None and not os.path.exists(p)]
     if missing and on_error == "skip":
         for u in missing:
             log.warning("dali_shards: shard %s not found; skipping it", u)
@@ -170,13 +172,11 @@ def scan_shards(
         return list(pool.map(lambda u: scan_shard(u, on_error, config), urls))
 
 
-class ManifestNotFound(ConfigError):
-    """The manifest file does not exist."""
-
-
 def _read_text(path: str, config: StorageOptions) -> bytes:
     if not is_remote(path):
-        with open(local_path(path), "rb") as f:
+        local = local_path(path)
+        assert local is not None  # not remote: local
+        with open(local, "rb") as f:
             return f.read()
     reader = RangeReader(path, config)
     try:
@@ -216,7 +216,12 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
     if not isinstance(entries, list):
         raise ConfigError(f'manifest {path!r}: "shards" must be a list of entries, got {type(entries).__name__}')
     remote = is_remote(path)
-    base = path.rsplit("/", 1)[0] if remote else os.path.dirname(os.path.abspath(local_path(path)))
+    if remote:
+        base = path.rsplit("/", 1)[0]
+    else:
+        local = local_path(path)
+        assert local is not None  # not remote: local
+        base = os.path.dirname(os.path.abspath(local))
     shards: List[ShardInfo] = []
     first: Dict[str, int] = {}
     for i, entry in enumerate(entries):
@@ -335,8 +340,9 @@ def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOption
             fs.pipe_file(inner, (json.dumps(doc, indent=1) + "\n").encode())
         except Exception as exc:  # noqa: BLE001 - named in the message
             raise ConfigError(
-                f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}; write it locally with "
-                "--manifest and upload it beside the shards"
+                f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}. For a read-only server (HTTP), "
+                "write it locally with --manifest local.json and pass local.json as the source; or upload it "
+                "beside the shards as manifest.json"
             ) from None
         return
     tmp = f"{path}.tmp{os.getpid()}"

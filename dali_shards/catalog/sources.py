@@ -31,10 +31,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from braceexpand import braceexpand
 
-from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.catalog.manifest import ManifestNotFound, ShardInfo, read_manifest, scan_shards
+from dali_shards.errors import ConfigError, ManifestNotFound, ShardFormatError
+from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards
 from dali_shards.options import StorageOptions
-from dali_shards.io.remote import DEFAULT_STORAGE, filesystem, is_remote
+from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
 from dali_shards.options import OnError, option_default
 
@@ -217,9 +217,10 @@ def _count_remote(
             folder = url.rsplit("/", 1)[0]
             raise ConfigError(
                 f"no sample count for remote shard {url!r}: remote shards are not scanned at every start. "
-                f"Run `dali-shards index '{pattern}'` once (it writes {folder}/{MANIFEST_NAME}, which is then "
-                "found automatically), pass a manifest as the source, or set samples_per_epoch= to stream "
-                "without counts (resampled)"
+                f"Run `dali-shards index '{pattern}' --manifest local.json` once and pass local.json as the "
+                f"source (works with read-only servers such as HTTP); where you can write to {folder}/, "
+                f"`dali-shards index '{pattern}'` puts {MANIFEST_NAME} there, found automatically from then on. "
+                "Or set samples_per_epoch= to stream without counts (resampled)"
             )
 
 
@@ -271,6 +272,7 @@ def _check_manifested(
         if stale == "rescan":
             changed.append(slot)
             continue
+        assert info.bytes is not None  # else actual is None
         how = "truncated or rewritten" if actual < info.bytes else "rewritten"
         error = ShardFormatError(
             info.url,

@@ -31,7 +31,7 @@ import re
 from typing import BinaryIO, List, Optional, Tuple
 
 from dali_shards.io.cachewriter import HOST, CacheWriter, _remove
-from dali_shards.processes import pid_alive
+from dali_shards.pids import pid_alive
 
 log = logging.getLogger("dali_shards")
 
@@ -162,6 +162,7 @@ class ShardCache:
     def _make_room(self, size: int) -> bool:
         """Evict the least recently used entries until they, the copies being written and ``size``
         fit in the limit (nothing if they cannot fit even so); whether they fit. Under the lock."""
+        assert self.limit is not None  # only a cache with a limit makes room
         self.remove_stale_temps()
         entries = sorted(self.entries())
         writing = self.writing()

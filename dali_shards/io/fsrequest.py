@@ -26,7 +26,7 @@ MIN_PIECE = 64 << 10
 _pieces: Dict[int, int] = {}  # per filesystem: the request size that completes within the timeout
 
 
-def http_status(exc: BaseException) -> Optional[int]:
+def http_status(exc: Optional[BaseException]) -> Optional[int]:
     status = getattr(exc, "status", None)
     return status if isinstance(status, int) else None
 

@@ -63,7 +63,7 @@ class HTTPBody:
         length = _body_length(r)
         if r.status == 200 and self.start == 0 and self.end == length and reader.known_size() is None:
             size = await _head_size(reader)  # the range's length: the whole object, or only the range?
-            if size is not None and size > length:
+            if size is not None and length is not None and size > length:
                 raise protocol_error(reader.url, self.start, self.end, length)
         self._skip = check_answer(reader, r, self.start, self.end)
         if r.status == 206:

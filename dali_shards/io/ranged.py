@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
+from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem
 from dali_shards.io.fsrequest import Cancelled, access_error, answer_status, permanent, read_pieces, stale_error, timed
 from dali_shards.io.httpget import HTTPBody
 from dali_shards.io.rangesupport import ignores_range
@@ -86,8 +87,6 @@ class RangeReader:
     def __init__(
         self, url: str, config: Optional["StorageOptions"] = None, size: Optional[int] = None, stream: bool = False
     ):
-        from dali_shards.io.remote import DEFAULT_STORAGE, filesystem
-
         self.url = url
         self.config = config or DEFAULT_STORAGE
         self.fs, self.path = filesystem(url, self.config)

@@ -16,6 +16,8 @@ import threading
 from typing import TYPE_CHECKING, Dict, Optional
 from urllib.parse import urlparse
 
+from dali_shards.io.filesystems import filesystem
+
 if TYPE_CHECKING:
     from dali_shards.options import StorageOptions
 
@@ -84,8 +86,6 @@ def probe_ignores_range(url: str, config: "StorageOptions", size: Optional[int] 
     if ignores_range(url):
         return True
     from fsspec.asyn import sync
-
-    from dali_shards.io.remote import filesystem
 
     try:
         fs, path = filesystem(url, config)

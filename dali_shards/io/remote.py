@@ -16,59 +16,16 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import threading
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Optional, Tuple, Union
 
 from dali_shards.errors import ShardAccessError
 from dali_shards.options import StorageOptions
-from dali_shards.io.fsrequest import http_status  # noqa: F401 - part of this module's API
+from dali_shards.io.filesystems import DEFAULT_STORAGE
 from dali_shards.io.ranged import RangeReader, SizeCheck
 
 log = logging.getLogger("dali_shards")
-
-DEFAULT_STORAGE = StorageOptions()
-
-
-def is_remote(url: str) -> bool:
-    """True for URLs that fsspec must open (anything with a scheme but ``file://``)."""
-    return "://" in url and not url.startswith("file://")
-
-
-_filesystems: Dict[Tuple[int, str, str], Tuple[Any, str]] = {}
-_fs_lock = threading.Lock()
-
-
-def filesystem(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Tuple[Any, str]:
-    """The fsspec filesystem for ``url`` (one per process, protocol and options) and the path in it."""
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec is a dependency
-        raise ShardAccessError(url, "remote URLs need fsspec", hint="pip install fsspec") from None
-    protocol = url.split("://", 1)[0]
-    opts = config.options_for(protocol)
-    key = (os.getpid(), protocol, repr(sorted(opts.items())))
-    with _fs_lock:
-        cached = _filesystems.get(key)
-    if cached is None:
-        try:
-            fs, _ = fsspec.core.url_to_fs(url, **opts)
-        except ImportError as exc:
-            extra = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
-            pkg = extra.get(protocol, "the fsspec implementation")
-            raise ShardAccessError(
-                url, f"no filesystem for {protocol}:// ({exc})", hint=f"pip install {pkg} (or dali-shards[remote])"
-            ) from None
-        except ValueError as exc:
-            raise ShardAccessError(url, f"unsupported URL: {exc}", hint="check the URL scheme") from None
-        if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
-            fs.retries = 1  # s3fs's own retry loop: ours (with backoff and timeouts) replaces it
-        with _fs_lock:
-            cached = _filesystems.setdefault(key, (fs, protocol))
-    fs = cached[0]
-    return fs, (url if protocol in ("http", "https") else fs._strip_protocol(url))
-
 
 class Tee:
     """Where a stream copies its bytes (the cache): the object's size as its first answer told it
@@ -137,58 +94,80 @@ class RemoteStream(io.RawIOBase):
             tee.abandon()
 
     def _fetch_loop(self, gen: int, offset: int) -> None:
-        cfg = self._config
-        reader = self._reader
-        stale = lambda: gen != self._gen or self.closed  # noqa: E731
+        """The background thread: chunks from ``offset`` on, ``chunks_ahead`` held ready, until the
+        end of the object or until the stream moves on (``gen``) or closes; an error is handed to
+        the reader."""
+
+        def stale() -> bool:
+            return gen != self._gen or self.closed
+
         try:
-            check = None
-            if not reader.http and reader.size is None:
-                if reader.expected is None:
-                    reader.object_size()  # needed before the first read
-                else:
-                    check = SizeCheck(reader)  # the server's size, asked alongside the first read
-            while True:
-                with self._cond:
-                    while len(self._chunks) >= cfg.chunks_ahead and not stale():
-                        self._cond.wait()
-                    if stale():
-                        return
-                size = reader.known_size()
-                if size is not None and offset >= size:
-                    data = b""
-                else:
-                    data = reader.read_buffer(offset, offset + cfg.chunk_size, cancelled=stale)
-                if check is not None:
-                    check.result()  # a stale manifest fails before any byte is delivered
-                    check = None
-                size, tee = reader.known_size(), self._tee
-                if tee is not None and offset == 0:
-                    tee.begin(size)  # the room for the copy, reserved now if it was not
-                done = len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
-                if tee is not None and done:  # published before the reader sees the end
-                    if data:
-                        tee.write(offset, data)
-                    tee.complete(self._confirmed_size())
-                with self._cond:
-                    if stale():
-                        return
-                    if data:
-                        self._chunks.append((offset, data))
-                    self._frontier = offset + len(data)
-                    if done:
-                        self._eof_at = self._frontier
-                    self._cond.notify_all()
-                    tee = self._tee
-                if tee is not None and data and not done:
-                    tee.write(offset, data)
-                offset += len(data)
-                if done:
+            check = self._size_check()
+            while self._wait_for_room(stale):
+                data, done = self._fetch_chunk(offset, stale, check)
+                check = None
+                if not self._publish(offset, data, done, stale) or done:
                     return
+                offset += len(data)
         except BaseException as exc:  # noqa: BLE001 - handed to the reader
             with self._cond:
                 if gen == self._gen:
                     self._error = exc
                     self._cond.notify_all()
+
+    def _size_check(self) -> Optional[SizeCheck]:
+        """What checks the object's size against the manifest's, where the server has not told it:
+        asked now (no manifest size), or alongside the first read."""
+        reader = self._reader
+        if reader.http or reader.size is not None:
+            return None
+        if reader.expected is None:
+            reader.object_size()  # needed before the first read
+            return None
+        return SizeCheck(reader)
+
+    def _wait_for_room(self, stale: Callable[[], bool]) -> bool:
+        """Wait until fewer than ``chunks_ahead`` chunks are held; False if the stream moved on."""
+        with self._cond:
+            while len(self._chunks) >= self._config.chunks_ahead and not stale():
+                self._cond.wait()
+            return not stale()
+
+    def _fetch_chunk(self, offset: int, stale: Callable[[], bool], check: Optional[SizeCheck]) -> Tuple[Any, bool]:
+        """The chunk at ``offset`` and whether it is the object's last."""
+        cfg, reader = self._config, self._reader
+        size = reader.known_size()
+        if size is not None and offset >= size:
+            data: Any = b""
+        else:
+            data = reader.read_buffer(offset, offset + cfg.chunk_size, cancelled=stale)
+        if check is not None:
+            check.result()  # a stale manifest fails before any byte is delivered
+        size = reader.known_size()
+        return data, len(data) < cfg.chunk_size or (size is not None and offset + len(data) >= size)
+
+    def _publish(self, offset: int, data: Any, done: bool, stale: Callable[[], bool]) -> bool:
+        """Hand a chunk to the reader, and to the cache's copy; False if the stream moved on."""
+        tee = self._tee
+        if tee is not None and offset == 0:
+            tee.begin(self._reader.known_size())  # the room for the copy, reserved now if it was not
+        if tee is not None and done:  # published before the reader sees the end
+            if data:
+                tee.write(offset, data)
+            tee.complete(self._confirmed_size())
+        with self._cond:
+            if stale():
+                return False
+            if data:
+                self._chunks.append((offset, data))
+            self._frontier = offset + len(data)
+            if done:
+                self._eof_at = self._frontier
+            self._cond.notify_all()
+            tee = self._tee
+        if tee is not None and data and not done:
+            tee.write(offset, data)
+        return True
 
     def _confirmed_size(self) -> Optional[int]:
         """The object's size as the server (or else the manifest) gave it; one metadata request

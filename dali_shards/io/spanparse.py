@@ -46,7 +46,7 @@ def fast_sample(buf: Any, url: str, position: int, want: Optional[Collection[str
             return None
         name = decode_name(raw_name.split(b"\0", 1)[0])
         key, ext = split_key(name)
-        if key is None or "__" in name:  # no extension, or (maybe) a metadata member
+        if key is None or ext is None or "__" in name:  # no extension, or (maybe) a metadata member
             return None
         if sample is None:
             sample = RawSample(key, position, url)

@@ -26,12 +26,13 @@ from urllib.parse import unquote, urlparse
 from dali_shards.io.cache import CacheWriter, ShardCache
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.options import StorageOptions
-from dali_shards.io.remote import DEFAULT_STORAGE, RemoteStream, is_remote
+from dali_shards.io.filesystems import DEFAULT_STORAGE, is_remote
+from dali_shards.io.remote import RemoteStream
 
 log = logging.getLogger("dali_shards")
 
 READ_BUFFER = 1 << 18
-_MAGIC = {
+_MAGIC: Dict[bytes, Callable[[BinaryIO], Any]] = {
     b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
     b"BZh": bz2.BZ2File,
     b"\xfd7zXZ\x00": lzma.LZMAFile,
@@ -109,12 +110,6 @@ def open_shard(url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optiona
     return ShardOpener(url, config, size)()
 
 
-def start_open(url: str, config: StorageOptions = DEFAULT_STORAGE, size: Optional[int] = None) -> BinaryIO:
-    """The raw stream of a shard: a local file (its cached copy for a remote shard), or a remote
-    stream whose background fetching has started; returns without waiting for data."""
-    return ShardOpener(url, config, size).start_raw()
-
-
 def finish_open(raw: BinaryIO, url: str) -> BinaryIO:
     """``raw`` as tar bytes: decompressed if its first bytes say so (this waits for them)."""
     return _decompressing(raw, url)
@@ -148,13 +143,13 @@ def open_local(path: str, url: str, size: Optional[int] = None) -> BinaryIO:
 
 def _decompressing(raw: BinaryIO, url: str) -> BinaryIO:
     try:
-        head = raw.peek(6)[:6]
+        head = raw.peek(6)[:6]  # type: ignore[attr-defined]  # a buffered reader (typeshed's BinaryIO has no peek)
     except BaseException:
         raw.close()
         raise
     for magic, opener in _MAGIC.items():
         if head.startswith(magic):
-            return _Decompressed(opener(raw), raw)
+            return _Decompressed(opener(raw), raw)  # type: ignore[return-value]  # a RawIOBase (BinaryIO is nominal)
     return raw
 
 
@@ -214,10 +209,13 @@ class ShardOpener:
             raise
 
     def start_raw(self, from_server: bool = False) -> BinaryIO:
-        """The raw stream (see :func:`start_open`)."""
+        """The raw stream: a local file (its cached copy for a remote shard), or a remote stream whose
+        background fetching has started; returns without waiting for data."""
         self.cached, self._tee = None, None
         if not is_remote(self.url):
-            return open_local(local_path(self.url), self.url, self.size)
+            path = local_path(self.url)
+            assert path is not None  # not remote: local
+            return open_local(path, self.url, self.size)
         cache = shard_cache(self.config)
         if cache is not None and not from_server:
             self.cached = cache.lookup(self.url, self.size)
@@ -261,6 +259,7 @@ class Attempt:
         return self._stream
 
     def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        assert self._stream is not None  # set by __enter__
         self._stream.close()
         if exc is None or not isinstance(exc, READ_ERRORS) or not isinstance(self.opener, ShardOpener):
             return False

@@ -160,6 +160,7 @@ class TarReader:
         if n <= 0:
             return
         if self._seekable:
+            assert self._size is not None  # known for seekable streams
             self._pos += n
             if self._pos > self._size:
                 raise ShardFormatError(
@@ -194,28 +195,13 @@ class TarReader:
             return None  # the end of the span
         while True:
             offset = self._pos
-            hdr = self._read(BLOCK)
-            if len(hdr) != BLOCK:
-                what = "the shard is empty" if offset == 0 and not hdr else (
-                    f"it ends at byte {offset + len(hdr)} without the end-of-archive marker"
-                )
-                raise ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
-            self._pos = offset + BLOCK
-            if hdr[0] == 0 and hdr.count(0) == BLOCK:
-                self.end_offset = offset
+            hdr = self._header(offset)
+            if hdr is None:
                 return None  # end-of-archive marker
-            check_header(self.url, hdr, offset)
             typeflag = hdr[156]
             size = parse_number(self.url, hdr[124:136], "size", offset)
             if typeflag in _REGULAR_FLAGS:
-                name = long_name if long_name is not None else (pax or {}).get("path") or header_name(hdr)
-                if pax is not None:
-                    check_not_sparse(self.url, pax, name, offset)
-                    if "size" in pax:
-                        size = pax_size(self.url, pax, name, offset)
-                if size < 0:
-                    raise ShardFormatError(self.url, f"member {printable(name)!r}: negative size", hint=_TRUNCATED_HINT)
-                return Member(name, offset, size, start)
+                return self._regular(hdr, offset, size, long_name, pax, start)
             if typeflag == 76:  # "L": GNU long name of the next member
                 long_name = decode_name(self._read_exact(size, "long name").split(b"\0", 1)[0])
                 self._skip(-size % BLOCK, "long name padding")
@@ -234,6 +220,34 @@ class TarReader:
                 if self._limit is not None and self._pos >= self._limit:
                     return None
 
+    def _header(self, offset: int) -> Optional[bytes]:
+        """The header block at ``offset`` (checked), or None for the end-of-archive marker."""
+        hdr = self._read(BLOCK)
+        if len(hdr) != BLOCK:
+            what = "the shard is empty" if offset == 0 and not hdr else (
+                f"it ends at byte {offset + len(hdr)} without the end-of-archive marker"
+            )
+            raise ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
+        self._pos = offset + BLOCK
+        if hdr[0] == 0 and hdr.count(0) == BLOCK:
+            self.end_offset = offset
+            return None
+        check_header(self.url, hdr, offset)
+        return hdr
+
+    def _regular(
+        self, hdr: bytes, offset: int, size: int, long_name: Optional[str], pax: Optional[dict], start: int
+    ) -> Member:
+        """A regular member, named by the long name or pax header before it if any."""
+        name = long_name if long_name is not None else (pax or {}).get("path") or header_name(hdr)
+        if pax is not None:
+            check_not_sparse(self.url, pax, name, offset)
+            if "size" in pax:
+                size = pax_size(self.url, pax, name, offset)
+        if size < 0:
+            raise ShardFormatError(self.url, f"member {printable(name)!r}: negative size", hint=_TRUNCATED_HINT)
+        return Member(name, offset, size, start)
+
     def read_data(self, member: Member) -> bytes:
         size = member.size
         data = self._read_exact(size, f"member {member.name!r}")
@@ -244,7 +258,7 @@ class TarReader:
         """Read a member's data into ``buffer`` (exactly its size); returns the buffer."""
         view = memoryview(buffer).cast("B")
         got, size = 0, member.size
-        readinto = self._f.readinto
+        readinto = self._f.readinto  # type: ignore[attr-defined]  # the streams have it (typeshed's BinaryIO not)
         while got < size:
             n = readinto(view[got:])
             if not n:
@@ -274,6 +288,7 @@ class TarReader:
                 return
             k, ext = split_key(member.name)
             if k is not None and not is_metadata(member.name):
+                assert ext is not None  # split_key gives both or neither
                 if k != key:
                     position, key = position + 1, k
                 yield position, k, ext, member

@@ -56,6 +56,7 @@ def scan_tar(stream: BinaryIO, url: str, complete_only: bool = False) -> ShardSt
     samples before it (a sample is complete once a header of the next one has been read), with
     what ended it (``damage``) and whether a sample was seen in part (``lost``).
     Offsets are recorded unless the stream decompresses (they could not be seeked to)."""
+    pending: Dict[str, int]
     stats, pending, last = ShardStats(), {}, -1
     starts: List[int] = []
     reader = TarReader(stream, url)
@@ -80,7 +81,11 @@ def scan_tar(stream: BinaryIO, url: str, complete_only: bool = False) -> ShardSt
     if last >= 0:
         stats.add_sample(pending)
     if not getattr(stream, "decompresses", False):
-        stats.offsets = starts + [reader.end_offset] if starts else [0]
+        if starts:
+            assert reader.end_offset is not None  # the scan ended at the end-of-archive marker
+            stats.offsets = starts + [reader.end_offset]
+        else:
+            stats.offsets = [0]
     return stats
 
 

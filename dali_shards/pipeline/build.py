@@ -4,19 +4,20 @@ user's graph function, the pipeline and its supervision."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.options import ShardedOptions, Transfer
 from dali_shards.pipeline.conditionals import define_pipeline
-from dali_shards.pipeline.info import ShardedPipelineInfo
-from dali_shards.pipeline.probe import output_names
-from dali_shards.pipeline.resolve import Resolved, resolve
-from dali_shards.pipeline.supervise import supervise
+from dali_shards.setup.info import ShardedPipelineInfo
+from dali_shards.setup.first_sample import output_names
+from dali_shards.setup.resolve import Resolved, resolve
+from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
 from dali_shards.worker.control import ControlBlock
+from dali_shards.fields import KEY
 from dali_shards.transfer.merge.transfer import MergeTransfer
 from dali_shards.transfer.ring.transfer import RingTransfer
 from dali_shards.world import check_start_method, default_device_id
@@ -58,9 +59,10 @@ def build_sharded_pipeline(
         result = func(*fields, *fn_args, **fn_kwargs)
         captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
         captured["slot_status"] = slot_status
+        captured["key_outputs"] = key_positions(captured["outputs"], fields, resolved.layout.fields)
         return result
 
-    kwargs = {
+    kwargs: Dict[str, Any] = {
         "batch_size": options.batch_size,
         "seed": pipeline_seed(options.seed, resolved.rank, resolved.start_epoch, resolved.steps_before),
     }
@@ -79,15 +81,22 @@ def build_sharded_pipeline(
         """The same pipeline, anew, with some options changed (e.g. ``resume_from``)."""
         return build_sharded_pipeline(func, options.replace(**overrides), pipeline_kwargs, fn_args, fn_kwargs)
 
-    pipe.dali_shards = ShardedPipelineInfo(
+    pipe.dali_shards = ShardedPipelineInfo(  # type: ignore[attr-defined]  # our attribute on DALI's Pipeline
         resolved=resolved,
         rebuild=rebuild,
         outputs=captured["outputs"],
         slot_status=captured["slot_status"],
+        key_outputs=captured["key_outputs"],
         control=control,
         transfer=transfer,
     )
     return pipe
+
+
+def key_positions(outputs: Sequence[Any], nodes: Sequence[Any], fields: Sequence[Any]) -> Tuple[int, ...]:
+    """The positions of the outputs that are the ``__key__`` field's node itself."""
+    keys = [node for node, f in zip(nodes, fields) if f.name == KEY]
+    return tuple(i for i, out in enumerate(outputs) if any(out is key for key in keys))
 
 
 def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None) -> Any:

@@ -28,11 +28,15 @@ def define_pipeline(graph: Callable[[], Any], kwargs: Dict[str, Any]) -> Pipelin
     try:
         if not wanted:
             try:
-                return pipeline_def(graph, enable_conditionals=False, **kwargs)()
+                return pipeline_def(  # type: ignore[call-overload]  # DALI's stubs lack pipeline_def(fn, **kwargs)
+                    graph, enable_conditionals=False, **kwargs
+                )()
             except TypeError as exc:
                 if wanted is False or _CONDITION_ERROR not in str(exc):
                     raise
-        return pipeline_def(graph, enable_conditionals=True, **kwargs)()
+        return pipeline_def(  # type: ignore[call-overload]  # DALI's stubs lack pipeline_def(fn, **kwargs)
+            graph, enable_conditionals=True, **kwargs
+        )()
     finally:
         remove_generated_files()
 

@@ -17,7 +17,7 @@ def pipeline_has_gpu(pipe: Optional[Pipeline] = None) -> bool:
 
 
 def decode_image(
-    data: DataNode, *, output_type: Any = types.RGB, device: Optional[str] = None, **kwargs: Any
+    data: DataNode, *, output_type: Any = types.DALIImageType.RGB, device: Optional[str] = None, **kwargs: Any
 ) -> DataNode:
     """Decode encoded images: ``"mixed"`` (nvJPEG/nvImageCodec on the GPU) when the current
     pipeline has a device, ``"cpu"`` otherwise. Extra keywords go to ``fn.decoders.image``."""

@@ -15,14 +15,18 @@ import dataclasses
 import difflib
 import functools
 import inspect
-from typing import Any, Callable, Collection, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Tuple
 
 from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.errors import UnknownOptionError
+from dali_shards.keywords import ShardedKeywords, Source
 from dali_shards.options import OPTION_KEYWORDS, STORAGE_KEYWORDS, ShardedOptions, StorageOptions
 from dali_shards.pipeline.build import build_sharded_pipeline
-from dali_shards.pipeline.info import ShardedPipelineInfo
+from dali_shards.setup.info import ShardedPipelineInfo
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 # what DALI's pipeline_def takes besides our options: Pipeline's parameters and its own keyword
 _PIPELINE_PARAMS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"} | {"enable_conditionals"}
@@ -55,7 +59,9 @@ def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
     return info
 
 
-def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
+def sharded_pipeline(
+    source: Source, **keywords: Unpack[ShardedKeywords]
+) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
 
     Only ``fields``, ``batch_size`` and ``py_num_workers`` are required; the other options'
@@ -156,7 +162,7 @@ def sharded_pipeline(source: Any, **keywords: Any) -> Callable[[Callable[..., An
     then override any of the above, and the function's own extra parameters are passed through.
     """
     check_keywords(keywords, "sharded_pipeline")
-    options_kw, pipeline_kwargs = _split(keywords)
+    options_kw, pipeline_kwargs = _split(dict(keywords))
     options = ShardedOptions.from_keywords(source=source, **options_kw)
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:
@@ -185,7 +191,8 @@ def _split(keywords: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 def _signature() -> inspect.Signature:
     """``sharded_pipeline``'s signature for ``help()``, with the options' own defaults."""
-    params = [inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params = [inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Source")]
+    types = ShardedKeywords.__annotations__
     for cls in (ShardedOptions, StorageOptions):
         for f in dataclasses.fields(cls):
             if f.name in ("source", "storage") or (cls is StorageOptions and f.name not in STORAGE_KEYWORDS):
@@ -196,9 +203,9 @@ def _signature() -> inspect.Signature:
                 default = None
             else:
                 default = inspect.Parameter.empty
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default))
-    params.append(inspect.Parameter("pipeline_kwargs", inspect.Parameter.VAR_KEYWORD))
-    return inspect.Signature(params)
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=getattr(types[f.name], "__forward_arg__", types[f.name])))
+    params.append(inspect.Parameter("pipeline_kwargs", inspect.Parameter.VAR_KEYWORD, annotation="Any"))
+    return inspect.Signature(params, return_annotation="Callable[[Callable[..., Any]], Callable[..., Pipeline]]")
 
 
 sharded_pipeline.__signature__ = _signature()  # type: ignore[attr-defined]

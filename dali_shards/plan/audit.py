@@ -26,8 +26,7 @@ def expected_indices(plan: EpochPlan, lengths: Optional[Lengths] = None, rank: O
     from its start step. ``lengths``: see ``EpochPlan.consumed`` (an epoch resumed inside a
     bucketing window; without it, such an epoch is compared with the plan's order)."""
     spec = plan.spec
-    w = spec.py_num_workers
-    workers = range(spec.num_virtual_workers) if rank is None else range(rank * w, (rank + 1) * w)
+    workers = range(spec.num_virtual_workers) if rank is None else spec.rank_workers(rank)
     ordered = [np.fromiter(itertools.islice(plan._valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
     positions = np.concatenate(ordered) if ordered else np.empty(0, np.int64)
     if plan.start_step and lengths is not None:

@@ -15,7 +15,7 @@ window per worker.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,9 @@ def window_steps(bucket_window: int, mini_batch: int) -> int:
     return max(1, bucket_window // mini_batch) if bucket_window else 0
 
 
-def window_order(lengths: np.ndarray, mini_batch: int, seed: int, epoch: int, rank: int, window: int) -> np.ndarray:
+def window_order(
+    lengths: Union[Sequence[int], np.ndarray], mini_batch: int, seed: int, epoch: int, rank: int, window: int
+) -> np.ndarray:
     """The emission order (indices into the window) of one window's valid samples, given their
     lengths (see the module)."""
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -53,5 +55,5 @@ def delivered(plan: Any, v: int, valid: int, span: int, lengths: Optional[Callab
     start = valid // span * span
     window = order[start : start + span]
     spec = plan.spec
-    perm = window_order(lengths(plan, window), spec.mini_batch, spec.seed, plan.epoch, v // spec.py_num_workers, start // span)
+    perm = window_order(lengths(plan, window), spec.mini_batch, spec.seed, plan.epoch, spec.rank_of(v), start // span)
     return np.concatenate([order[:start], window[perm][: valid - start]])

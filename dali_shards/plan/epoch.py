@@ -174,8 +174,7 @@ class EpochPlan(interleave.Interleaving):
         """Which slots of ``rank``'s batch at ``step`` hold real samples."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} outside 0..{self.steps - 1}")
-        n = self.spec.py_num_workers
-        counts = [self.worker_valid_count(rank * n + w) for w in range(n)]
+        counts = [self.worker_valid_count(v) for v in self.spec.rank_workers(rank)]
         return geometry.valid_mask(counts, step, self.spec.mini_batch)
 
     # -- sequence ------------------------------------------------------------------------
@@ -254,10 +253,11 @@ class EpochPlan(interleave.Interleaving):
             for _ in range(total - count):
                 yield pad, False
 
-    def worker_emissions(self, v: int) -> List[Tuple[int, bool]]:
-        """What worker ``v`` still emits: its order from ``start_step`` on."""
-        skip = self.start_step * self.spec.mini_batch
-        return [e for i, e in enumerate(self.iter_worker_order(v)) if i >= skip]
+    def worker_emissions(self, v: int, first: Optional[int] = None) -> List[Tuple[int, bool]]:
+        """What worker ``v`` emits from slot ``first`` of its order on (default: from
+        ``start_step``, what it still emits)."""
+        skip = self.start_step * self.spec.mini_batch if first is None else first
+        return list(itertools.islice(self.iter_worker_order(v), skip, None))
 
     def worker_order(self, v: int) -> Tuple[np.ndarray, np.ndarray]:
         """Arrays of epoch positions and valid flags, ``steps * mini_batch`` long (from step 0)."""
@@ -306,7 +306,7 @@ class EpochPlan(interleave.Interleaving):
         index = np.empty((steps, spec.batch_size), dtype=np.int64)
         valid = np.empty((steps, spec.batch_size), dtype=bool)
         for w in range(spec.py_num_workers):
-            pos, ok = self.worker_order(rank * spec.py_num_workers + w)
+            pos, ok = self.worker_order(spec.virtual_worker(rank, w))
             index[:, w * m : (w + 1) * m] = self.canonical_index(pos).reshape(steps, m)
             valid[:, w * m : (w + 1) * m] = ok.reshape(steps, m)
         return index, valid
@@ -318,7 +318,7 @@ class EpochPlan(interleave.Interleaving):
         mini-batches of a seeded order: ``lengths(plan, positions)`` gives the lengths of that
         window's samples (a ConfigError without it)."""
         m = self.spec.mini_batch
-        out = []
+        out: List[int] = []
         for v in range(self.spec.num_virtual_workers):
             count = self.worker_valid_count(v)
             valid = min(count, steps * m)

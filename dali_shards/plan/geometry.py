@@ -48,6 +48,12 @@ def valid_mask(valid_counts: Sequence[int], step: int, mini_batch: int) -> np.nd
     return np.concatenate([emitted < count for count in valid_counts])
 
 
+def virtual_worker(rank: int, worker: int, py_num_workers: int) -> int:
+    """``rank * py_num_workers + worker``: a worker's place among all ranks' workers, the unit the
+    plan shards over (the one place this is computed)."""
+    return rank * py_num_workers + worker
+
+
 @dataclass(frozen=True, kw_only=True)
 class BatchLayout:
     """Ranks x workers x batch, the shared seed, shuffling and the last batch mode: what
@@ -77,6 +83,18 @@ class BatchLayout:
     def num_virtual_workers(self) -> int:
         """V = world_size * py_num_workers."""
         return self.world_size * self.py_num_workers
+
+    def virtual_worker(self, rank: int, worker: int) -> int:
+        """Worker ``worker`` of ``rank``'s place among all ranks' workers (see ``virtual_worker``)."""
+        return virtual_worker(rank, worker, self.py_num_workers)
+
+    def rank_workers(self, rank: int) -> range:
+        """The virtual workers of ``rank``, in order."""
+        return range(virtual_worker(rank, 0, self.py_num_workers), virtual_worker(rank + 1, 0, self.py_num_workers))
+
+    def rank_of(self, v: int) -> int:
+        """The rank virtual worker ``v`` belongs to."""
+        return v // self.py_num_workers
 
     @property
     def mini_batch(self) -> int:

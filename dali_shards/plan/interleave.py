@@ -26,12 +26,15 @@ when the block has that many (``block >= batch_size``) and they are of similar s
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.plan.geometry import Segment
 from dali_shards.plan.random import TAG_BATCH_ORDER, TAG_BLOCK, TAG_RANK_CUT, bitgen, permutation
+
+if TYPE_CHECKING:
+    from dali_shards.plan.epoch import PlanSpec
 
 
 MIN_SHARDS = 8
@@ -111,6 +114,27 @@ class Interleaving:
     """The interleaved planner's part of ``EpochPlan`` (which provides ``spec``, ``epoch``,
     ``subset``, ``steps``, ``shard_order``, ``locate`` and the sequence's sizes)."""
 
+    if TYPE_CHECKING:  # what EpochPlan provides (read-only there)
+
+        @property
+        def spec(self) -> PlanSpec: ...
+        @property
+        def epoch(self) -> int: ...
+        @property
+        def subset(self) -> Optional[np.ndarray]: ...
+        @property
+        def version(self) -> int: ...
+        @property
+        def steps(self) -> int: ...
+        @property
+        def shard_order(self) -> np.ndarray: ...
+        @property
+        def _sizes(self) -> np.ndarray: ...
+        @property
+        def _sequence_ends(self) -> np.ndarray: ...
+        def worker_valid_count(self, v: int) -> int: ...
+        def locate(self, positions: Sequence[int] | np.ndarray) -> Tuple[np.ndarray, np.ndarray]: ...
+
     @property
     def interleaving(self) -> bool:
         """True when workers read pieces of many shards at once: shuffling, ``shuffle_block`` > 0,
@@ -169,7 +193,8 @@ class Interleaving:
             carry = 0
             for total in block_totals(lengths[rank], self.block):
                 bounds, carry = piece_bounds(total, spec.py_num_workers, carry)
-                counts[rank * spec.py_num_workers : (rank + 1) * spec.py_num_workers] += np.diff(bounds)
+                workers = spec.rank_workers(rank)
+                counts[workers.start : workers.stop] += np.diff(bounds)
         return np.minimum(counts, self.steps * spec.mini_batch)
 
     def _worker_blocks(self, v: int) -> List[List[Tuple[int, np.ndarray]]]:

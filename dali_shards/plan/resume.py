@@ -21,17 +21,25 @@ this release's ``PLAN_VERSION``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PLAN_VERSION, RESUMABLE_PLAN_VERSIONS, EpochPlan, Lengths, PlanSpec
-from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, check_state_shape
+from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, LayoutRecord, State, check_state_shape
 
 
 def layout_of(spec: PlanSpec) -> Dict[str, Any]:
     """The spec's layout as a state records it."""
     values = {k: getattr(spec, SPEC_NAMES.get(k, k)) for k in LAYOUT_KEYS}
     return {**values, "last_batch": values["last_batch"].value}
+
+
+def epoch_plan(spec: PlanSpec, resumed: Optional[EpochPlan], epoch: int) -> EpochPlan:
+    """The plan of ``epoch``: ``resumed`` (the rest of the epoch a pipeline resumes in) where it is
+    that epoch's, else the spec's."""
+    if resumed is not None and resumed.epoch == epoch:
+        return resumed
+    return spec.epoch(epoch)
 
 
 def make_state(
@@ -41,17 +49,18 @@ def make_state(
     plan: EpochPlan,
     steps: int,
     dataset: Optional[DatasetId] = None,
-) -> Dict[str, Any]:
+) -> State:
     """The state after ``steps`` batches of ``plan`` (counted from the plan's step 0), the plan
     running in ``epoch`` after the ``prior`` layouts of that epoch. At the end of an epoch the
     state is the start of the next one. ``dataset`` identifies the shards (default: by the plan's
     shard sizes alone, unnamed)."""
+    history: List[LayoutRecord]
     if steps >= plan.steps:
         epoch, history = epoch + 1, []
     elif steps == 0 and not prior and plan.subset is None:
         history = []  # the start of a fresh epoch
     else:
-        history = [*prior, {**layout_of(spec), "steps": int(steps)}]
+        history = cast(List[LayoutRecord], [*prior, {**layout_of(spec), "steps": int(steps)}])
     return {
         "format": STATE_FORMAT,
         "plan_version": plan.version if history else PLAN_VERSION,

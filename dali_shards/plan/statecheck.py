@@ -16,7 +16,7 @@ import logging
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 from dali_shards.errors import ConfigError
 from dali_shards.options import MAX_EPOCH, LastBatch
@@ -27,6 +27,42 @@ LAYOUT_KEYS = (
     "world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer", "shuffle_block", "bucket_window"
 )  # as saved
 SPEC_NAMES = {"num_workers": "py_num_workers"}  # a saved key -> the spec's field (states keep their format)
+
+
+class DatasetRecord(TypedDict):
+    """A state's ``dataset``: what identifies the shards (see ``DatasetId.record``)."""
+
+    shards: int
+    samples: int
+    fingerprint: str
+    names: str
+    name_set: str
+    bytes: Optional[str]
+
+
+class LayoutRecord(TypedDict):
+    """One stretch of an epoch in a state's ``history``: the layout that ran it, and its steps."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    last_batch: str
+    shuffle_buffer: int
+    shuffle_block: int
+    bucket_window: int
+    steps: int
+
+
+class State(TypedDict):
+    """``DALIShardedIterator.state_dict()``: plain JSON, the same on every rank."""
+
+    format: str
+    plan_version: int
+    dataset: DatasetRecord
+    seed: int
+    shuffle: bool
+    epoch: int
+    history: List[LayoutRecord]
 _FIX = "resume with the shards the state was saved for, listed in the same order"
 
 
@@ -53,7 +89,7 @@ class DatasetId:
     def of(cls, urls: Sequence[str], counts: Sequence[int], byte_sizes: Sequence[Optional[int]] = ()) -> "DatasetId":
         return cls(relative_names(list(urls)), tuple(int(c) for c in counts), tuple(byte_sizes))
 
-    def record(self) -> Dict[str, Any]:
+    def record(self) -> DatasetRecord:
         """The ``dataset`` entry of a state."""
         known = bool(self.byte_sizes) and all(b is not None for b in self.byte_sizes)
         return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from dali_shards.catalog.sources import SHARD_SUFFIXES
 from dali_shards.errors import ConfigError, ShardFormatError
@@ -47,7 +47,8 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
     """Scan a shard, write its DALI index (uncompressed shards only: DALI's reader cannot read
     compressed ones), and return its ShardInfo for a manifest."""
     idx_path = idx_path or index_path_for(url)
-    samples, starts = [], []
+    samples: List[List[str]] = []
+    starts: List[int] = []
     stats = ShardStats()
     with open_shard(url) as stream:
         if not stream.seekable():  # decompressing streams are not
@@ -79,5 +80,9 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
         for sample in samples:
             f.write(" ".join(sample) + "\n")
     os.replace(tmp, idx_path)
-    offsets = ShardInfo.offsets_from(starts + [reader.end_offset]) if samples else ShardInfo.offsets_from([0])
+    if samples:
+        assert reader.end_offset is not None  # the scan ended at the end-of-archive marker
+        offsets = ShardInfo.offsets_from(starts + [reader.end_offset])
+    else:
+        offsets = ShardInfo.offsets_from([0])
     return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes, offsets, key_fingerprints(stats.keys))

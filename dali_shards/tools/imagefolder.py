@@ -142,3 +142,30 @@ def save_class_map(path: str, class_map: Dict[str, int]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(dict(sorted(class_map.items(), key=lambda kv: kv[1])), f, indent=1)
         f.write("\n")
+
+
+def stem_keys(files: List[SourceFile]) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """Each file's key: its name without the extension (``n01440764_10026``), as WebDataset's
+    ImageNet shards key their samples. Dots left in a stem become ``_`` (a member's first dot
+    starts its extension); a stem already taken by an earlier file (in another folder) gets
+    ``_2``, ``_3``... Returns the keys, in the files' order, and (path, key) of every renamed file."""
+    keys: List[str] = []
+    renamed: List[Tuple[str, str]] = []
+    taken: Dict[str, int] = {}
+    stems = [os.path.splitext(os.path.basename(f.path))[0].replace(".", "_") or "_" for f in files]
+    used = set(stems)
+    for f, stem in zip(files, stems):
+        key = stem
+        if key in taken:
+            n = taken[stem]
+            while f"{stem}_{n}" in used:
+                n += 1
+            taken[stem] = n + 1
+            key = f"{stem}_{n}"
+            used.add(key)
+        else:
+            taken[stem] = 2
+        if key != os.path.splitext(os.path.basename(f.path))[0]:
+            renamed.append((f.path, key))
+        keys.append(key)
+    return keys, renamed

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from dali_shards.options import StorageOptions
 
-from dali_shards.io.remote import DEFAULT_STORAGE
+from dali_shards.io.filesystems import DEFAULT_STORAGE
 from dali_shards.catalog.manifest import stored_size
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader

@@ -26,6 +26,8 @@ def shard_labels(url: str, config: StorageOptions) -> Counter:
     with open_shard(url, config) as stream:
         for sample in TarReader(stream, url).samples({LABEL_EXT}):
             data = sample.data.get(LABEL_EXT)
+            if data is None:  # no label
+                continue
             try:
                 counts[int(bytes(data).strip())] += 1
             except (TypeError, ValueError):

@@ -17,7 +17,7 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dic
     for rank in range(spec.world_size):
         workers = []
         for w in range(spec.py_num_workers):
-            v = rank * spec.py_num_workers + w
+            v = spec.virtual_worker(rank, w)
             valid = spec.worker_valid_count(v)
             reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in plan.worker_reads(v)]
             workers.append(

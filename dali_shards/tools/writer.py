@@ -1,4 +1,5 @@
-"""Writing WebDataset-style tar shards (``<key>.<ext>`` members grouped by key).
+"""Writing WebDataset-style tar shards (``<key>.<ext>`` members grouped by key), values encoded
+as webdataset encodes them (``dali_shards.tools.encode``), with their manifest.
 
 Output is deterministic: the same samples give byte-identical shards (fixed mtime, owner and
 mode, gzip header without a timestamp), so shards can be checksummed and rebuilt reproducibly.
@@ -10,21 +11,17 @@ import gzip
 import io
 import logging
 import os
-import random
 import tarfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, TypeVar, Union
 
-from tqdm import tqdm
-
+from dali_shards.catalog.manifest import ShardInfo, write_manifest
 from dali_shards.errors import ConfigError
-from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.io.tarscan import ShardStats, key_fingerprints
+from dali_shards.tools.encode import Value, encode
 
-if TYPE_CHECKING:
-    from dali_shards.tools.imagefolder import SourceFile
-
-SampleData = Mapping[str, Union[bytes, str, int]]
+SampleData = Mapping[str, Union[Value, Any]]
+MANIFEST_NAME = "manifest.json"
+W = TypeVar("W", bound="_Closing")
 log = logging.getLogger("dali_shards")
 BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
 
@@ -57,14 +54,16 @@ def _padded(size: int) -> int:
     return size + (-size % BLOCK)
 
 
-def _member_bytes(value: Union[bytes, bytearray, memoryview, str, int]) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, (str, int)):
-        return str(value).encode("utf-8")
-    raise TypeError(f"sample values must be bytes, str or int, got {type(value).__name__}")
+def members(sample: SampleData) -> dict:
+    """A sample's members (extension -> bytes), its values encoded (``encode``); a ConfigError if
+    it has no valid key or no members."""
+    key = sample.get("__key__")
+    if not isinstance(key, str) or not key or "." in os.path.basename(key):
+        raise ConfigError(f"each sample needs a '__key__' string without dots, got {key!r}")
+    out = {ext.lstrip("."): encode(ext.lstrip("."), v, key) for ext, v in sample.items() if not ext.startswith("__")}
+    if not out:
+        raise ConfigError(f"sample {key!r} has no members")
+    return out
 
 
 class _Closing:
@@ -73,10 +72,10 @@ class _Closing:
     def close(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self: W) -> W:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -92,25 +91,32 @@ class TarShardFile(_Closing):
         self.size = 0
         self.offsets: Optional[List[int]] = []
         self.keys: List[str] = []
+        self.stats = ShardStats()
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._file = open(path, "wb")
         self._gzip = None
-        target = self._file
+        target: Union[io.BufferedWriter, gzip.GzipFile] = self._file
         if path.endswith((".gz", ".tgz")):
             self._gzip = target = gzip.GzipFile(fileobj=self._file, mode="wb", mtime=0, filename="")
-        self._tar = tarfile.open(fileobj=target, mode="w", format=tarfile.GNU_FORMAT)
+        self._tar: Optional[tarfile.TarFile] = tarfile.open(fileobj=target, mode="w", format=tarfile.GNU_FORMAT)
 
     def add(self, sample: SampleData) -> None:
-        """Add one sample: ``{"__key__": "000001", "jpg": b"...", "cls": 3}``."""
-        key = sample.get("__key__")
-        if not isinstance(key, str) or not key or "." in os.path.basename(key):
-            raise ConfigError(f"each sample needs a '__key__' string without dots, got {key!r}")
-        members = {ext.lstrip("."): _member_bytes(v) for ext, v in sample.items() if not ext.startswith("__")}
-        if not members:
-            raise ConfigError(f"sample {key!r} has no members")
+        """Add one sample: ``{"__key__": "000001", "jpg": b"...", "cls": 3}`` (values encoded by
+        ``dali_shards.tools.encode``)."""
+        data_of = members(sample)  # checks the key first
+        key = sample["__key__"]
+        assert isinstance(key, str)  # members() checked it
+        self.add_members(key, data_of)
+
+    def add_members(self, key: str, data_of: Mapping[str, bytes]) -> None:
+        """Add one sample as its members' bytes (extension -> bytes)."""
+        if self._tar is None:
+            raise ConfigError(f"shard {self.path!r} is closed: samples cannot be added to it")
+        assert self.offsets is not None  # None only once closed
         self.offsets.append(self._tar.offset)
         self.keys.append(key)
-        for ext, data in members.items():
+        self.stats.add_sample({ext: len(data) for ext, data in data_of.items()})
+        for ext, data in data_of.items():
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size = len(data)
             info.mtime = 0
@@ -123,12 +129,20 @@ class TarShardFile(_Closing):
 
     def close(self) -> None:
         if self._tar is not None:
+            assert self.offsets is not None  # None only once closed
             self.offsets = None if self._gzip is not None else self.offsets + [self._tar.offset]
             self._tar.close()
             if self._gzip is not None:
                 self._gzip.close()
             self._file.close()
             self._tar = None
+
+    def info(self) -> ShardInfo:
+        """The closed shard's manifest entry: samples, bytes, bytes per extension, sample offsets
+        (uncompressed shards) and key fingerprints."""
+        offsets = ShardInfo.offsets_from(self.offsets)
+        return ShardInfo(self.path, self.count, os.path.getsize(self.path), dict(self.stats.ext_bytes), offsets,
+                         key_fingerprints(self.keys))  # fmt: skip
 
 
 def write_shard(path: str, samples: Iterable[SampleData]) -> int:
@@ -140,12 +154,31 @@ def write_shard(path: str, samples: Iterable[SampleData]) -> int:
 
 
 class ShardWriter(_Closing):
-    """Writes samples into numbered shards, starting a new shard after ``max_count`` samples or
-    before the file would exceed ``max_size`` bytes (tar headers, padding and end blocks counted;
-    before compression; a sample larger than that gets a shard of its own). ``pattern`` is a
-    ``%``-format with the shard number, e.g. ``"out/train-%06d.tar"``."""
+    """Writes samples into numbered shards, as webdataset's ``ShardWriter`` does, and their manifest.
 
-    def __init__(self, pattern: str, max_count: int = 1000, max_size: Optional[int] = None, start: int = 0):
+    ``pattern`` is a ``%``-format with the shard number (``"out/train-%06d.tar"``; ``.tar.gz`` to
+    compress), numbered from ``start``. A new shard begins after ``max_count`` samples, or before
+    the file would exceed ``max_size`` bytes (tar headers, padding and end blocks counted, before
+    compression; a sample larger than that gets a shard of its own). On ``close()`` (or the end of a
+    ``with`` block) the manifest of the shards written (sample counts and offsets, for a fast
+    start and exact resume) goes to ``manifest`` (True: ``manifest.json`` beside the shards; a
+    path; False: none).
+
+    - ``write(sample)``: one sample, a dict with ``"__key__"`` (a str without dots) and one value
+      per member extension: bytes as they are, str as UTF-8, int and float as text, dict / list as
+      JSON, ``np.ndarray`` as ``.npy`` (see ``dali_shards.tools.encode``).
+    - ``paths``: the shards written so far; ``counts``: their samples; ``manifest_path``: where the
+      manifest went (None before ``close()`` or with ``manifest=False``).
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        max_count: int = 1000,
+        max_size: Optional[int] = None,
+        start: int = 0,
+        manifest: Union[bool, str] = True,
+    ) -> None:
         if "%" not in pattern:
             raise ConfigError(f"shard pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
         if max_count < 1:
@@ -156,111 +189,49 @@ class ShardWriter(_Closing):
         self.number = start
         self.paths: List[str] = []
         self.counts: List[int] = []
+        self.manifest = manifest
+        self.manifest_path: Optional[str] = None
+        self._infos: List[ShardInfo] = []
         self._shard: Optional[TarShardFile] = None
+        self._closed = False
 
     def write(self, sample: SampleData) -> None:
-        key = sample.get("__key__")
-        size = sum(member_size(f"{key}.{k.lstrip('.')}", len(_member_bytes(v))) for k, v in sample.items() if not k.startswith("__"))
+        """Add one sample (see the class's docstring for its values)."""
+        if self._closed:
+            raise ConfigError(f"this ShardWriter ({self.pattern!r}) is closed: make a new one to write more")
+        data_of = members(sample)
+        key = sample["__key__"]
+        assert isinstance(key, str)  # members() checked it
+        size = sum(member_size(f"{key}.{ext}", len(data)) for ext, data in data_of.items())
         shard = self._shard
         if (
             shard is None
             or shard.count >= self.max_count
             or (self.max_size is not None and shard.count and tar_size(shard.size + size) > self.max_size)
         ):
-            self.close()
+            self._end_shard()
             shard = self._shard = TarShardFile(self.pattern % self.number)
             self.number += 1
             self.paths.append(shard.path)
             self.counts.append(0)
-        shard.add(sample)
+        shard.add_members(key, data_of)
         self.counts[-1] += 1
 
     def close(self) -> None:
+        """End the last shard and write the manifest (unless ``manifest=False``)."""
+        if self._closed:
+            return
+        self._end_shard()
+        self._closed = True
+        if self.manifest is not False and self._infos:
+            path = self.manifest if isinstance(self.manifest, str) else os.path.join(
+                os.path.dirname(os.path.abspath(self.pattern)), MANIFEST_NAME
+            )  # fmt: skip
+            write_manifest(path, self._infos)
+            self.manifest_path = path
+
+    def _end_shard(self) -> None:
         if self._shard is not None:
             self._shard.close()
+            self._infos.append(self._shard.info())
             self._shard = None
-
-
-def partition(files: Sequence[Tuple[str, "SourceFile"]], max_count: int, max_size: Optional[int]) -> List[list]:
-    """Split keyed files into consecutive shards of at most ``max_count`` samples and (when a
-    sample fits) ``max_size`` bytes of tar file (headers, padding and end blocks counted)."""
-    shards: List[list] = []
-    current: list = []
-    size = 0
-    for keyed in files:
-        key, src = keyed
-        sample = member_size(f"{key}.{src.ext}", os.path.getsize(src.path))
-        if src.label is not None:
-            sample += member_size(f"{key}.cls", len(str(src.label)))
-        if max_size is not None and tar_size(sample) > max_size:
-            log.warning("dali_shards: %s alone makes a %d-byte shard, above max_size: it gets a shard of its own", src.path, tar_size(sample))
-        if current and (len(current) >= max_count or (max_size is not None and tar_size(size + sample) > max_size)):
-            shards.append(current)
-            current, size = [], 0
-        current.append(keyed)
-        size += sample
-    if current:
-        shards.append(current)
-    return shards
-
-
-def _write_files_shard(task) -> "ShardInfo":
-    path, keyed = task
-    stats = ShardStats()
-    with TarShardFile(path) as shard:
-        for key, src in keyed:
-            with open(src.path, "rb") as f:
-                data = f.read()
-            sample = {"__key__": key, src.ext: data}
-            stats.add(src.ext, len(data))
-            if src.label is not None:
-                sample["cls"] = str(src.label)
-                stats.add("cls", len(sample["cls"]))
-            shard.add(sample)
-    offsets, keys = ShardInfo.offsets_from(shard.offsets), key_fingerprints(shard.keys)
-    return ShardInfo(path, shard.count, os.path.getsize(path), stats.ext_bytes, offsets, keys)
-
-
-def write_dataset(
-    files: Sequence["SourceFile"],
-    pattern: str,
-    *,
-    max_count: int = 1000,
-    max_size: Optional[int] = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    processes: Optional[int] = None,
-    progress: bool = False,
-) -> List["ShardInfo"]:
-    """Write files (with their labels as ``.cls``) into shards named by ``pattern``
-    (``out/train-%06d.tar``), in parallel, mixed across shards unless ``shuffle=False``. Keys
-    number the samples in the (shuffled, with ``seed``) order, so the output is the same for the
-    same input, whatever the parallelism."""
-    if "%" not in pattern:
-        raise ConfigError(f"output pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
-    if max_count < 1:
-        raise ConfigError("max_count must be positive")
-    check_max_size(max_size)
-    order = list(files)
-    if shuffle:
-        random.Random(seed).shuffle(order)
-    width = max(8, len(str(len(order) - 1)))
-    keyed = [(f"{i:0{width}d}", src) for i, src in enumerate(order)]
-    tasks = [(pattern % n, part) for n, part in enumerate(partition(keyed, max_count, max_size))]
-    bar = tqdm(total=len(order), unit="sample", disable=not progress, desc="writing shards")
-    infos: List[Optional[ShardInfo]] = [None] * len(tasks)
-    workers = min(processes or os.cpu_count() or 1, len(tasks))
-    try:
-        if workers <= 1:
-            for i, task in enumerate(tasks):
-                infos[i] = _write_files_shard(task)
-                bar.update(infos[i].samples)
-        else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_write_files_shard, task): i for i, task in enumerate(tasks)}
-                for future in as_completed(futures):
-                    infos[futures[future]] = future.result()
-                    bar.update(infos[futures[future]].samples)
-    finally:
-        bar.close()
-    return infos

@@ -10,7 +10,7 @@ import numpy as np
 
 from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
-from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.worker.layout import SampleLayout
 from dali_shards.worker.stage import SampleStage
 
@@ -67,7 +67,7 @@ class WorkerConfig:
     @property
     def virtual_worker(self) -> int:
         """``rank * py_num_workers + worker``: this worker's place among all ranks' workers."""
-        return self.rank * self.spec.py_num_workers + self.worker
+        return self.spec.virtual_worker(self.rank, self.worker)
 
     @property
     def skips(self) -> bool:

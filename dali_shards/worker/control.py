@@ -23,15 +23,15 @@ import time
 import weakref
 from typing import List, NamedTuple, Optional
 
-from dali_shards.processes import pid_alive
+from dali_shards.pids import pid_alive
 from dali_shards.options import option_default
 
 _MAGIC = b"DSCTL001"
-_HEADER = struct.Struct("<8sqqq")  # magic, owner pid, workers, cut: (epoch + 1) << 32 | step, 0 = none
+_HEADER = struct.Struct("<8sqq")  # magic, owner pid, workers
 _HEADER_SIZE = 64
 _SLOT = struct.Struct("<qddqqqqq")  # pid, alive, progress, busy, epoch, step, produced, shard
 _SLOT_SIZE = 64
-_CUT_AT = 32  # offset of the cut word in the header
+_CUT_AT = 32  # offset of the cut word in the header: (epoch + 1) << 32 | step, 0 = none
 _PREFIX = "dali-shards-"
 _SUFFIX = ".ctl"
 
@@ -55,8 +55,6 @@ class WorkerStatus(NamedTuple):
 
 def _directory() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 
 
 def remove_stale(directory: Optional[str] = None) -> List[str]:
@@ -125,7 +123,7 @@ class ControlBlock:
             raise
         os.close(fd)
         block._finalizer = weakref.finalize(block, _release, path, block._map, block.owner_pid)
-        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), py_num_workers, 0)
+        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), py_num_workers)
         return block
 
     def snapshot(self) -> List[WorkerStatus]:
@@ -171,7 +169,7 @@ class WorkerSlot:
     def __init__(self, path: str, worker: int):
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), 0)
-        magic, _, workers, _ = _HEADER.unpack_from(self._map, 0)
+        magic, _, workers = _HEADER.unpack_from(self._map, 0)
         if magic != _MAGIC or not 0 <= worker < workers:
             raise ValueError(f"{path} is not a dali_shards control block with a slot for worker {worker}")
         self.path = path

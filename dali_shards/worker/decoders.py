@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Optional
 
 import numpy as np
 
-from dali_shards.errors import ConfigError
-
-INT_EXTENSIONS = frozenset({"cls", "index", "label"})
-Decoder = Callable[[bytes], Any]
+from dali_shards.fields import INT_EXTENSIONS, Decoder
 
 
-def decode_int(data: bytes) -> int:
+def decode_int(data: bytes | memoryview | np.ndarray) -> int:
     """A decimal text integer that fits in 64 bits (``ValueError`` otherwise)."""
     text = bytes(data[:64]).strip()  # an int64 has at most 20 characters
     value = int(text)
@@ -58,10 +55,6 @@ def decode_txt(data: bytes) -> str:
     return bytes(data).decode("utf-8")
 
 
-def keep_bytes(data: bytes) -> bytes:
-    return data if isinstance(data, bytes) else bytes(data)
-
-
 _WITH_MAP: Dict[str, Decoder] = {"json": decode_json, "npy": decode_npy, "txt": decode_txt}
 _WITHOUT_MAP: Dict[str, Decoder] = {"npy": decode_npy}
 
@@ -72,22 +65,3 @@ def builtin_decoder(ext: str, mapped: bool) -> Optional[Decoder]:
     if ext in INT_EXTENSIONS:
         return decode_int
     return (_WITH_MAP if mapped else _WITHOUT_MAP).get(ext)
-
-
-def check_decoders(decoders: Optional[Mapping[str, Union[str, Decoder]]], fields) -> Dict[str, Optional[Decoder]]:
-    """The ``decoders`` option, checked: field name -> decoder (None: bytes)."""
-    if decoders is None:
-        return {}
-    if not isinstance(decoders, Mapping):
-        raise ConfigError(f"decoders must map field names to callables or 'bytes', got {decoders!r}")
-    out: Dict[str, Optional[Decoder]] = {}
-    for name, decoder in decoders.items():
-        if name not in fields:
-            raise ConfigError(f"decoders names field {name!r}, which is not among fields={tuple(fields)!r}")
-        if decoder == "bytes" or decoder is None:
-            out[name] = None
-        elif callable(decoder):
-            out[name] = decoder
-        else:
-            raise ConfigError(f"decoders[{name!r}] must be a callable (bytes -> value) or 'bytes', got {decoder!r}")
-    return out

@@ -30,9 +30,10 @@ from dali_shards.worker.layout import INDEX_SLOT, STATUS_PADDING, STATUS_VALID, 
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.reader import Skipped
 from dali_shards.worker.tables import Grow
+from dali_shards.fields import FieldKind
 
 MIN_DIRECT = 32  # below this many samples per step the general way costs less
-DIRECT_KINDS = frozenset({"bytes", "int", "key", "index", "valid"})
+DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID})
 
 
 class NotDirect(Exception):
@@ -156,8 +157,10 @@ class DirectStep:
         reading.reader.progress(shards[0])
         for s, (lo, hi), at in zip(shards, self.spans.tolist(), self.starts.tolist()):
             url = cfg.urls[s]
+            path = local_path(url)
+            assert path is not None  # positioned reads are of local shards
             try:
-                got = reading.files.read_into(url, local_path(url), (lo, hi), cfg.byte_sizes[s], out[at : at + hi - lo])
+                got = reading.files.read_into(url, path, (lo, hi), cfg.byte_sizes[s], out[at : at + hi - lo])
             except (ShardFormatError, OSError):
                 raise NotDirect() from None
             if got != hi - lo:
@@ -170,13 +173,13 @@ class DirectStep:
         key_at, key_len = _keys(walk, count)
         self._check_keys(out, key_at, key_len)
         for spec in self.layout.fields:
-            if spec.kind == "key":
+            if spec.kind == FieldKind.KEY:
                 values += [(spec.slot, key_at), (spec.slot + 1, key_len)]
                 continue
-            if spec.kind not in ("bytes", "int"):
+            if spec.kind not in (FieldKind.BYTES, FieldKind.INT):
                 continue
             data, size = _first_present(found, spec.extensions, count)
-            if spec.kind == "int":
+            if spec.kind == FieldKind.INT:
                 values.append((spec.slot, np.array([_int(out, d, z) for d, z in zip(data, size)], dtype=np.int64)))
                 continue
             if any(e in IMAGE_EXTENSIONS for e in spec.extensions):
@@ -188,7 +191,10 @@ class DirectStep:
         reading = self.reading
         for k, a, n in zip(self.unique.tolist(), key_at.tolist(), key_len.tolist()):
             recorded = reading.cfg.key_crc[reading.shards[k]]
-            if recorded is not None and zlib.crc32(out[a : a + n]) != int(recorded[reading.local[k]]):
+            if recorded is None:
+                continue
+            crc = zlib.crc32(out[a : a + n])  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on 3.12+
+            if crc != int(recorded[reading.local[k]]):
                 raise NotDirect()
 
     def _check_images(self, out: np.ndarray, data: np.ndarray, size: np.ndarray) -> None:

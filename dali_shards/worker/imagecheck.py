@@ -15,7 +15,7 @@ name the shard, key and field, which ``on_error="skip"`` then skips and counts. 
 Not caught: damage inside a JPEG's entropy-coded data that keeps its end marker (bit flips,
 garbage in the middle), and damage inside formats other than JPEG and PNG. Those still fail in
 DALI's decoder; the iterator then names the sample from the batch's index (see
-``pipeline/decode_failure.py``), but cannot skip it. Imports no DALI.
+``decode_failure.py``), but cannot skip it. Imports no DALI.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def images_ok(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray, level: Ima
     ok = np.zeros(len(starts), dtype=bool)
     if level is ImageCheck.STRUCTURE and len(starts):
         ok = _jpegs_ok(buf, starts.astype(np.int64), sizes.astype(np.int64))
-    view = memoryview(buf)
+    view = memoryview(buf)  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on Python 3.12+
     for i in np.flatnonzero(~ok).tolist():
         ok[i] = image_problem(view[starts[i] : starts[i] + sizes[i]], level) is None
     return ok

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.fields import FieldInfo, FieldKind
 from dali_shards.io.tarformat import RawSample
 from dali_shards.io.tarheader import printable
 from dali_shards.options import ImageCheck, option_default
@@ -84,21 +85,21 @@ class SampleLayout:
         names = [name for name, _, _ in inputs]
         if len(set(names)) != len(names):
             raise ConfigError(f"fields must be distinct, got {tuple(fields)!r}")
-        self.input_fields: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = tuple(inputs)
+        self.input_fields: Tuple[FieldInfo, ...] = tuple(inputs)
         self.outputs = None if outputs is None else tuple(outputs)
         arrays = dict(arrays or {})
         wanted = inputs if outputs is None else [output_kind(o) for o in outputs]
         specs, slot = [], 2
         for name, kind, exts in wanted:
             dtype, ndim = None, None
-            if kind == "array":
+            if kind == FieldKind.ARRAY:
                 dtype, ndim = (arrays.get(name) or ("uint8", 1)) if outputs is None else array_type(outputs, name)
             if name == payload and table:
-                if kind not in ("bytes", "array"):
+                if kind not in (FieldKind.BYTES, FieldKind.ARRAY):
                     raise ConfigError(f"payload field {payload!r} must be a member's bytes or an array, not {kind}")
-                spec = FieldSpec(name, "payload", exts, slot, dtype, ndim)
+                spec = FieldSpec(name, FieldKind.PAYLOAD, exts, slot, dtype, ndim)
             else:
-                spec = FieldSpec(name, kind, exts, {"index": INDEX_SLOT, "valid": VALID_SLOT}.get(kind, slot), dtype, ndim)
+                spec = FieldSpec(name, kind, exts, {FieldKind.INDEX: INDEX_SLOT, FieldKind.VALID: VALID_SLOT}.get(kind, slot), dtype, ndim)
             specs.append(spec)
             slot += spec.slots
         out_names = [f.name for f in specs]
@@ -114,14 +115,14 @@ class SampleLayout:
         self.header_slots = slot
         self.header_bytes = 8 * slot
         self.extensions = frozenset(e for _, _, exts in inputs for e in exts)
-        self._has_key = any(s.kind == "key" for s in specs)
+        self._has_key = any(s.kind == FieldKind.KEY for s in specs)
         # Reading straight into the arrays that go to the pipeline saves a copy per sample (without a
         # map): the payload into an array of its own; in the packed layout, when it is the only byte
         # field besides the key, the byte field into the packed array right after the header.
         plain = outputs is None
-        self._payload_exts = frozenset(e for s in specs if plain and s.kind == "payload" and s.dtype is None for e in s.extensions)
-        heap = [s for s in specs if s.kind in ("bytes", "array")]
-        self._placed = heap[0] if (plain and not table and len(heap) == 1 and heap[0].kind == "bytes") else None
+        self._payload_exts = frozenset(e for s in specs if plain and s.kind == FieldKind.PAYLOAD and s.dtype is None for e in s.extensions)
+        heap = [s for s in specs if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)]
+        self._placed = heap[0] if (plain and not table and len(heap) == 1 and heap[0].kind == FieldKind.BYTES) else None
         self._placed_exts = frozenset(self._placed.extensions) if self._placed else frozenset()
 
     def __repr__(self) -> str:
@@ -140,12 +141,12 @@ class SampleLayout:
 
     def __setstate__(self, state):
         fields = state.pop("fields")
-        self.__init__(fields, **state)
+        type(self).__init__(self, fields, **state)
 
     @property
     def byte_fields(self) -> Tuple[FieldSpec, ...]:
         """The fields that carry member bytes (not integers, keys, index or valid)."""
-        return tuple(f for f in self.fields if f.kind in ("bytes", "payload") and f.extensions)
+        return tuple(f for f in self.fields if f.kind in (FieldKind.BYTES, FieldKind.PAYLOAD) and f.extensions)
 
     # -- worker side ---------------------------------------------------------------------
     def destination(self, sample: RawSample, ext: str, size: int) -> Optional[np.ndarray]:
@@ -167,12 +168,12 @@ class SampleLayout:
         values: Dict[str, Any] = {}
         placed = None
         for spec in self.fields:
-            if spec.kind in ("key", "index", "valid"):
+            if spec.kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID):
                 continue
             data = self.member(sample, spec.name, spec.extensions)
-            if spec.kind == "int":
+            if spec.kind == FieldKind.INT:
                 values[spec.name] = self._parse_int(sample, spec, data)
-            elif spec.kind == "array" or (spec.kind == "payload" and spec.dtype is not None):
+            elif spec.kind == FieldKind.ARRAY or (spec.kind == FieldKind.PAYLOAD and spec.dtype is not None):
                 values[spec.name] = self._parse_npy(sample, spec, data)
             elif spec is self._placed and sample.extra is not None and sample.extra[0] == self._chosen(sample, spec):
                 placed = (spec.slot, sample.extra[1], sample.extra[2])
@@ -189,18 +190,18 @@ class SampleLayout:
         payload = None
         for spec in self.fields:
             kind = spec.kind
-            if kind == "key":
+            if kind == FieldKind.KEY:
                 parts.append((spec.slot, key.encode("utf-8", "surrogateescape")))
-            elif kind == "int":
+            elif kind == FieldKind.INT:
                 header[spec.slot] = values[spec.name]
-            elif kind in ("bytes", "array", "payload") and not (placed and spec.slot == placed[0]):
+            elif kind in (FieldKind.BYTES, FieldKind.ARRAY, FieldKind.PAYLOAD) and not (placed and spec.slot == placed[0]):
                 data = values[spec.name]
                 if spec.dtype is not None:  # an array: its shape in the header, its bytes travel
                     data = np.ascontiguousarray(data)
-                    dims = spec.slot + (0 if kind == "payload" else 2)
+                    dims = spec.slot + (0 if kind == FieldKind.PAYLOAD else 2)
                     header[dims : dims + data.ndim] = data.shape
                     data = data.reshape(-1).view(np.uint8)
-                if kind == "payload":
+                if kind == FieldKind.PAYLOAD:
                     payload = data
                 else:
                     parts.append((spec.slot, data))
@@ -259,7 +260,7 @@ class SampleLayout:
         rows = len(samples) * self.header_bytes
         table = np.empty(self.table_size(samples), dtype=np.uint8) if out is None else out
         headers = table[:rows].view(np.int64).reshape(len(samples), self.header_slots)
-        view = memoryview(table)
+        view = memoryview(table)  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on Python 3.12+
         offset = rows
         for i, p in enumerate(samples):
             headers[i] = p.header

@@ -22,6 +22,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from dali_shards.worker.decoders import native
+from dali_shards.fields import FieldKind
 
 DALI_DTYPES = frozenset(
     {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
@@ -43,9 +44,9 @@ class OutputSpec:
     ndim: int = 1
 
     def describe(self) -> str:
-        if self.kind == "int":
+        if self.kind == FieldKind.INT:
             return "a Python int"
-        if self.kind == "bytes":
+        if self.kind == FieldKind.BYTES:
             return "bytes"
         return f"a {self.dtype} array with {self.ndim} dimension{'s' if self.ndim != 1 else ''}"
 
@@ -92,9 +93,9 @@ def conform(spec: OutputSpec, value: Any) -> Any:
     got, converted = classify(spec.name, value)
     if got == spec:
         return converted
-    if spec.kind == "array" and got.kind == "int" and spec.ndim == 0 and spec.dtype == "int64":
+    if spec.kind == FieldKind.ARRAY and got.kind == FieldKind.INT and spec.ndim == 0 and spec.dtype == "int64":
         return np.asarray(converted, dtype=np.int64)
-    if spec.kind == "int" and got.kind == "array" and got.ndim == 0 and got.dtype.startswith(("int", "uint")):
+    if spec.kind == FieldKind.INT and got.kind == FieldKind.ARRAY and got.ndim == 0 and got.dtype.startswith(("int", "uint")):
         return int(converted)
     if {spec, got} == {OutputSpec(spec.name, "bytes"), OutputSpec(spec.name, "array", "uint8", 1)}:
         return converted  # both travel as a 1-D uint8 array

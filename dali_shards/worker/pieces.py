@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dali_shards.io.positioned import LocalFiles
 from dali_shards.io.rangefetch import RangeFetcher, Span, request_size
-from dali_shards.io.remote import is_remote
+from dali_shards.io.filesystems import is_remote
 from dali_shards.catalog.manifest import scan_shard
-from dali_shards.errors import ShardFormatError
+from dali_shards.errors import WorkerError
 from dali_shards.io.storage import local_path
-from dali_shards.plan.epoch import EpochPlan
+from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.plan.geometry import Segment
-from dali_shards.worker.reader import READ_ERRORS, Item, ShardFailed, ShardReader, Skipped, shard_error
+from dali_shards.io.storage import READ_ERRORS
+from dali_shards.worker.reader import Item, ShardFailed, ShardReader, Skipped, fewer_than_planned, shard_failed
 
 STARTUP_STEPS = 2  # a shard first needed in a worker's first steps is fetched in growing requests
 AHEAD_SHARE = 2  # the next epoch's reading fetches while both hold at most read_window / AHEAD_SHARE
@@ -43,35 +44,41 @@ log = logging.getLogger("dali_shards")
 
 
 def read_segments(
-    plan: EpochPlan, segments: List[Segment], needed, reader: ShardReader
-) -> Iterator[Tuple[int, Item]]:
+    plan: EpochPlan, segments: List[Segment], needed: Callable[[int], bool], reader: ShardReader
+) -> Generator[Tuple[int, Item], None, None]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
     the others are passed over by their headers. Under ``on_error="skip"`` every needed sample
     left in a shard that cannot be read on comes as a ``Skipped``."""
     openers = reader.open_ahead([seg.shard for seg in segments])
     try:
         for seg, opener in zip(segments, openers):
-            offset = int(plan.canonical_starts[seg.shard])
-            base = seg.position - seg.first  # sequence position of the shard's sample 0
-            done = seg.first
-            for got in reader.samples(
-                seg.shard,
-                opener,
-                index=lambda local, offset=offset: offset + local,
-                start=seg.first,
-                stop=seg.stop,
-                select=lambda local, base=base: needed(base + local),
-            ):
-                if isinstance(got, ShardFailed):
-                    for local in range(done, seg.stop):
-                        if needed(base + local):
-                            yield base + local, Skipped(offset + local, got.url, None, got.reason)
-                    break
-                local, item = got
-                done = local + 1
-                yield base + local, item
+            yield from _read_segment(plan, seg, opener, needed, reader)
     finally:
         openers.close()
+
+
+def _read_segment(
+    plan: EpochPlan, seg: Segment, opener: Any, needed: Callable[[int], bool], reader: ShardReader
+) -> Generator[Tuple[int, Item], None, None]:
+    """``read_segments`` for one segment."""
+    offset = int(plan.canonical_starts[seg.shard])
+    base = seg.position - seg.first  # sequence position of the shard's sample 0
+    done = seg.first
+
+    def index(local: int) -> int:
+        return offset + local
+
+    def select(local: int) -> bool:
+        return needed(base + local)
+
+    for got in reader.samples(seg.shard, opener, index=index, start=seg.first, stop=seg.stop, select=select):
+        if isinstance(got, ShardFailed):  # the rest of the segment's needed samples, skipped
+            yield from ((base + local, Skipped(offset + local, got.url, None, got.reason))
+                        for local in range(done, seg.stop) if needed(base + local))  # fmt: skip
+            return
+        local, item = got
+        done = local + 1
+        yield base + local, item
 
 
 def positioned(cfg, shard: int) -> bool:
@@ -122,7 +129,7 @@ class Interleaved:
         self.shards, self.local = shards.tolist(), local.tolist()
         self.offsets: Dict[int, Optional[np.ndarray]] = {}
         self.failed: Dict[int, str] = {}
-        self.cursors: Dict[int, Iterator[Tuple[int, Item]]] = {}
+        self.cursors: Dict[int, Generator[Tuple[int, Item], None, None]] = {}
         self.stretches: Optional[Dict[int, Segment]] = None
         self.left = Counter(self.shards)
         self.files = LocalFiles()
@@ -133,11 +140,11 @@ class Interleaved:
             if offs is not None and is_remote(cfg.urls[s]):
                 self.remote[k] = len(spans)
                 spans.append(Span(cfg.urls[s], cfg.byte_sizes[s], int(offs[i]), int(offs[i + 1])))
-        self.fetcher = None
+        self.fetcher: Optional[RangeFetcher] = None
         if spans:  # a worker reads about block / py_num_workers shards at once (see plan.interleave)
             window = cfg.storage.read_window
             at_once = min(len(set(self.shards)), -(-plan.block // cfg.spec.py_num_workers) + 1)
-            per_shard = Counter()
+            per_shard: Counter[str] = Counter()
             for sp in spans:
                 per_shard[sp.url] += sp.hi - sp.lo
             request = request_size(window, at_once, cfg.storage.chunk_size, list(per_shard.values()))
@@ -175,34 +182,31 @@ class Interleaved:
                 return self._from_cursor(pos, s)
             span = (int(offs[i]), int(offs[i + 1]))
             if k in self.remote:
-                data = self.fetcher.take(self.remote[k])
+                assert self.fetcher is not None  # there are remote spans
+                data: Union[memoryview, np.ndarray] = self.fetcher.take(self.remote[k])
             else:
-                data = self.files.read(cfg.urls[s], local_path(cfg.urls[s]), span, cfg.byte_sizes[s])
+                path = local_path(cfg.urls[s])
+                assert path is not None  # not remote: a local shard
+                data = self.files.read(cfg.urls[s], path, span, cfg.byte_sizes[s])
         except READ_ERRORS as exc:
-            error = shard_error(cfg.urls[s], exc)
-            if not cfg.skips:
-                raise error from (None if error is exc else exc)
-            log.warning("dali_shards: skipping the rest of shard %s: %s", cfg.urls[s], error.detail)
-            self.failed[s] = error.detail
+            self.failed[s] = shard_failed(cfg, cfg.urls[s], exc)
             if self.fetcher is not None:
                 self.fetcher.discard(cfg.urls[s])
-            return Skipped(index, cfg.urls[s], None, error.detail)
+            return Skipped(index, cfg.urls[s], None, self.failed[s])
         try:
             return reader.sample_at(s, i, data, span, index)
         finally:
             if k in self.remote:  # packed (or failed): its request's buffer is freed with its last span
                 del data
+                assert self.fetcher is not None
                 self.fetcher.release(self.remote[k])
 
     def _offsets(self, s: int) -> Optional[np.ndarray]:
         cfg = self.cfg
+        assert isinstance(cfg.spec, PlanSpec)  # interleaved reading is planned
         offs = cfg.offsets[s] if is_remote(cfg.urls[s]) or cfg.offsets[s] is not None else local_offsets(self.reader, s)
         if offs is not None and len(offs) - 1 < cfg.spec.shard_sizes[s]:
-            raise ShardFormatError(
-                cfg.urls[s], f"holds {len(offs) - 1} samples, fewer than the {cfg.spec.shard_sizes[s]} planned",
-                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart "
-                "so it is scanned again",
-            )  # fmt: skip
+            raise fewer_than_planned(cfg.urls[s], len(offs) - 1, cfg.spec.shard_sizes[s])
         return offs
 
     def _from_cursor(self, pos: int, s: int) -> Item:
@@ -214,7 +218,7 @@ class Interleaved:
             cursor = self.cursors[s] = read_segments(self.plan, [self.stretches[s]], self.needed, self.reader)
         got, item = next(cursor)
         if got != pos:
-            raise RuntimeError(f"dali_shards internal error: read position {got}, wanted {pos}; please report it")
+            raise WorkerError(f"dali_shards internal error: read position {got}, wanted {pos}; please report it")
         return item
 
     def close(self) -> None:
@@ -225,7 +229,7 @@ class Interleaved:
             self.fetcher.close()
 
 
-def read_interleaved(reading: Interleaved) -> Iterator[Tuple[int, Item]]:
+def read_interleaved(reading: Interleaved) -> Generator[Tuple[int, Item], None, None]:
     """(epoch position, packed sample) of the positions in a worker's reading order under an
     interleaving plan, in that order (see the module), and the reading closed at the end. Under
     ``on_error="skip"`` a shard that cannot be read makes its samples ``Skipped``, as does a bad

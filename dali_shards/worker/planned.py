@@ -11,11 +11,12 @@ the main process cut it short. The module imports no DALI.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
-from dali_shards.errors import ShardFormatError
+from dali_shards.errors import ShardFormatError, WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
-from dali_shards.plan.epoch import EpochPlan
+from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.plan.resume import epoch_plan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.direct import DirectBatches, direct_layout
@@ -41,6 +42,7 @@ class WorkerSource:
     """
 
     def __init__(self, config: WorkerConfig, slot=NO_SLOT, direct: bool = False):
+        assert isinstance(config.spec, PlanSpec)  # the planned mode (streaming: worker/streaming.py)
         if len(config.urls) != len(config.spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
         self.config = config
@@ -54,7 +56,7 @@ class WorkerSource:
         table writers that read a step straight into the ring's slot: ``worker/direct.py``)."""
         if self.direct and self.ahead is None:
             plan = self.plan_for(epoch)
-            emissions = worker_emissions(plan, self.config.virtual_worker, plan.start_step * plan.spec.mini_batch)
+            emissions = plan.worker_emissions(self.config.virtual_worker)
             shards = set(plan.locate([pos for pos, _ in emissions])[0].tolist()) if emissions else set()
             if shards and all(positioned(self.config, s) for s in shards):
                 return DirectBatches(self, epoch, plan, emissions)
@@ -66,10 +68,8 @@ class WorkerSource:
 
     def plan_for(self, epoch: int) -> EpochPlan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
-        resumed = self.config.resume_plan
-        if resumed is not None and resumed.epoch == epoch:
-            return resumed
-        return self.config.spec.epoch(epoch)
+        assert isinstance(self.config.spec, PlanSpec)  # the planned mode
+        return epoch_plan(self.config.spec, self.config.resume_plan, epoch)
 
     def take_ahead(self, epoch: int) -> Optional[Ahead]:
         """The reading started ahead for ``epoch``, if any (one for another epoch is dropped)."""
@@ -86,7 +86,7 @@ class WorkerSource:
             plan = self.plan_for(epoch)
             if not (plan.interleaving and plan.worker_valid_count(v)):
                 return
-            emissions = worker_emissions(plan, v, 0)
+            emissions = plan.worker_emissions(v, 0)
             reading = self.interleaved(plan, emissions, ahead_of=current)
         except Exception as exc:  # noqa: BLE001 - only a head start: the epoch begins as usual
             log.debug("dali_shards: epoch %d not started ahead: %r", epoch, exc)
@@ -103,11 +103,6 @@ class WorkerSource:
         return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
 
 
-def worker_emissions(plan: EpochPlan, v: int, first: int) -> List[Tuple[int, bool]]:
-    """Virtual worker ``v``'s (position, valid) slots of ``plan`` from slot ``first`` on."""
-    return list(plan.iter_worker_order(v))[first:]
-
-
 class EpochBatches:
     """Iterator over one epoch's mini-batches of one worker (lists of ``mini_batch`` packed samples)."""
 
@@ -117,7 +112,7 @@ class EpochBatches:
         self._step = 0
         self._steps = 0
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
-        self._samples: Optional[Iterator[Tuple[int, Item]]] = None
+        self._samples: Optional[Generator[Tuple[int, Item], None, None]] = None
         self._pending: Dict[int, Item] = {}
         self._last: Tuple[int, Optional[Item]] = (-1, None)
         self._good: Optional[Packed] = None  # the last good sample: stands in for skipped ones
@@ -139,7 +134,7 @@ class EpochBatches:
         batch = self._batch()
         self._step += 1
         src.slot.end(self.epoch, self._step)
-        if self._ahead_of is not None and self._ahead_of.fetcher.fetched_all:
+        if self._ahead_of is not None and self._ahead_of.fetcher is not None and self._ahead_of.fetcher.fetched_all:
             current, self._ahead_of = self._ahead_of, None
             src.read_ahead(self.epoch + 1, current)
         return batch
@@ -153,7 +148,7 @@ class EpochBatches:
         skip = plan.start_step * m
         first = skip // span * span if span else skip  # bucketing: from the start of the window
         v = src.config.virtual_worker
-        emissions = ahead.emissions if ahead is not None else worker_emissions(plan, v, first)
+        emissions = ahead.emissions if ahead is not None else plan.worker_emissions(v, first)
         self._steps = plan.steps - plan.start_step
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         if plan.interleaving and plan.worker_valid_count(v):
@@ -204,6 +199,7 @@ class EpochBatches:
         src = self.source
         spec = src.config.spec
         samples = []
+        assert self._order is not None  # set by _start()
         try:
             for _ in range(spec.mini_batch):
                 pos, valid = next(self._order)
@@ -216,7 +212,7 @@ class EpochBatches:
                     packed = item.as_padding()
                 samples.append(packed)
         except StopIteration:  # never let a short read end this worker's epoch alone
-            raise RuntimeError(
+            raise WorkerError(
                 f"dali_shards internal error: worker {src.config.virtual_worker} ran out of planned samples at step "
                 f"{self._step} of epoch {self.epoch}; please report it"
             ) from None
@@ -224,8 +220,11 @@ class EpochBatches:
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:
-            return self._last[1]
+            last = self._last[1]
+            assert last is not None  # (-1, None) is no position's
+            return last
         pending = self._pending
+        assert self._samples is not None  # set by _start()
         while pos not in pending:
             got, item = next(self._samples)
             pending[got] = item
@@ -237,6 +236,7 @@ class EpochBatches:
         """A real sample to fill a skipped sample's slot: the last good one, else the next."""
         if self._good is None:
             self._good = next((p for p in self._pending.values() if isinstance(p, Packed)), None)
+        assert self._samples is not None  # set by _start()
         while self._good is None:
             try:
                 got, item = next(self._samples)

@@ -21,7 +21,8 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
-from dali_shards.processes import pid_alive
+from dali_shards.errors import WorkerError
+from dali_shards.pids import pid_alive
 from dali_shards.worker.control import NO_SLOT, WorkerSlot
 
 HEARTBEAT_S = 0.5
@@ -95,7 +96,7 @@ def attach_slot(path: Optional[str], worker: int):
     try:
         slot = WorkerSlot(path, worker)
     except (OSError, ValueError) as exc:
-        raise RuntimeError(
+        raise WorkerError(
             f"dali_shards worker {worker} cannot open its pipeline's control block {path} ({exc}); the pipeline "
             "was probably deleted while its workers started"
         ) from exc

@@ -19,21 +19,38 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tupl
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.positioned import sample_in_span
 from dali_shards.io.spanparse import fast_sample
-from dali_shards.io.storage import read_ahead, read_attempts
+from dali_shards.io.storage import READ_ERRORS, read_ahead, read_attempts
 from dali_shards.io.tarformat import TarReader
 from dali_shards.io.tarheader import printable
 from dali_shards.io.tarscan import key_fingerprint
+from dali_shards.plan.epoch import PlanSpec
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import Packed
 
 log = logging.getLogger("dali_shards")
-READ_ERRORS = (ShardError, OSError, EOFError, zlib.error, lzma.LZMAError)
+_CHANGED_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
+
+
+def fewer_than_planned(url: str, found: int, planned: int) -> ShardFormatError:
+    """The error of a shard that holds fewer samples than the plan counted."""
+    return ShardFormatError(url, f"holds {found} samples, fewer than the {planned} planned", hint=_CHANGED_HINT)
+
+
+def shard_failed(config: WorkerConfig, url: str, exc: BaseException) -> str:
+    """A read error of shard ``url`` under ``on_error``: raised as the shard's ``ShardError`` under
+    ``"raise"``; under ``"skip"`` logged, and its detail returned (the rest of the shard is skipped).
+    Call it where the error is caught."""
+    error = shard_error(url, exc)
+    if not config.skips:
+        raise error from (None if error is exc else exc)
+    log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)
+    return error.detail
 
 
 class Skipped(NamedTuple):
     """A sample that could not be used (``on_error="skip"``): its index, shard, key and why."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field named like tuple.index (a public name)
     url: str
     key: Optional[str]
     reason: str
@@ -98,11 +115,7 @@ class ShardReader:
                         yield position, item
                     return
         except READ_ERRORS as exc:
-            error = shard_error(url, exc)
-            if not self.config.skips:
-                raise error from (None if error is exc else exc)
-            log.warning("dali_shards: skipping the rest of shard %s: %s", url, error.detail)
-            yield ShardFailed(url, error.detail)
+            yield ShardFailed(url, shard_failed(self.config, url, exc))
 
     def sample_at(self, shard: int, position: int, data: Any, span: Tuple[int, int], index: int) -> Item:
         """The shard's sample at ``position`` from the bytes of its ``span``, packed as
@@ -123,6 +136,7 @@ class ShardReader:
     def _pack(self, sample, url: str, index: int, shard: int) -> Item:
         try:
             self._check_key(sample, shard)
+            assert self.config.stage is not None  # WorkerConfig sets it
             return self.config.stage.pack(sample, index, self.epoch)
         except ShardError as exc:
             if not self.config.skips:
@@ -151,10 +165,5 @@ class ShardReader:
             self.progress()
             yield sample.position, self._pack(sample, url, index(sample.position), shard)
         if stop is not None and reader.samples_seen < stop:
-            raise ShardFormatError(
-                url,
-                f"holds fewer samples than the {self.config.spec.shard_sizes[shard]} planned "
-                f"(sample {reader.samples_seen} is missing)",
-                hint="the shard changed after it was counted; rebuild its manifest (dali-shards index) "
-                "or restart so it is scanned again",
-            )
+            assert isinstance(self.config.spec, PlanSpec)  # only planned reads have a stop
+            raise fewer_than_planned(url, reader.samples_seen, self.config.spec.shard_sizes[shard])

@@ -4,16 +4,22 @@ Imports no DALI."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.errors import ConfigError
-from dali_shards.worker.decoders import INT_EXTENSIONS
+from dali_shards.fields import (  # noqa: F401 - KEY, INDEX, VALID, SPECIAL_FIELDS, input_spec: the layout's vocabulary
+    INDEX,
+    KEY,
+    SPECIAL_FIELDS,
+    SPECIAL_KINDS,
+    VALID,
+    FieldInfo,
+    FieldKind,
+    input_spec,
+)
 from dali_shards.worker.outputs import OutputSpec
 
-KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
-SPECIAL_FIELDS = (KEY, INDEX, VALID)
 INDEX_SLOT, VALID_SLOT = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
@@ -31,7 +37,7 @@ class FieldSpec:
     outputs), its first header slot, and for arrays (and an array payload) dtype and dimensions."""
 
     name: str
-    kind: str
+    kind: FieldKind
     extensions: Tuple[str, ...]
     slot: int
     dtype: Optional[str] = None
@@ -40,11 +46,11 @@ class FieldSpec:
     @property
     def slots(self) -> int:
         """Header slots it takes."""
-        if self.kind in ("index", "valid"):
+        if self.kind in (FieldKind.INDEX, FieldKind.VALID):
             return 0
-        if self.kind == "payload":
+        if self.kind == FieldKind.PAYLOAD:
             return (self.ndim or 0) if self.dtype is not None else 0
-        return {"int": 1, "array": 2 + (self.ndim or 0)}.get(self.kind, 2)
+        return {FieldKind.INT: 1, FieldKind.ARRAY: 2 + (self.ndim or 0)}.get(self.kind, 2)
 
 
 class Packed:
@@ -81,23 +87,9 @@ class Packed:
         return Packed(header, self.payload, self.parts, blob, self.length)
 
 
-def input_spec(name: Any, fields: Sequence[Any]) -> Tuple[str, str, Tuple[str, ...]]:
-    """(name, kind, extensions) of a requested field."""
-    if not isinstance(name, str) or not name.strip(" ;."):
-        raise ConfigError(f"invalid field name {name!r} in fields={tuple(fields)!r}")
-    if name in SPECIAL_FIELDS:
-        return name, {KEY: "key", INDEX: "index", VALID: "valid"}[name], ()
-    exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
-    if all(e in INT_EXTENSIONS for e in exts):
-        return name, "int", exts
-    return name, ("array" if all(e == "npy" for e in exts) else "bytes"), exts
-
-
-def output_kind(spec: OutputSpec) -> Tuple[str, str, Tuple[str, ...]]:
+def output_kind(spec: OutputSpec) -> FieldInfo:
     """(name, kind, no extensions) of a ``map`` output."""
-    if spec.name in SPECIAL_FIELDS:
-        return spec.name, {KEY: "key", INDEX: "index", VALID: "valid"}[spec.name], ()
-    return spec.name, spec.kind, ()
+    return spec.name, SPECIAL_KINDS.get(spec.name) or FieldKind(spec.kind), ()
 
 
 def array_type(outputs: Sequence[OutputSpec], name: str) -> Tuple[str, int]:

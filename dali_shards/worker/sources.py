@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Iterator, List, Protocol, Union
 
-from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.layout import Packed
 from dali_shards.worker.planned import WorkerSource
-from dali_shards.worker.resampled import StreamingWorkerSource
+from dali_shards.worker.streaming import StreamingWorkerSource
 
 
 class EpochSource(Protocol):

@@ -22,6 +22,7 @@ from dali_shards.worker.decoders import builtin_decoder
 from dali_shards.worker.layout import KEY, INDEX, VALID, Packed, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
 from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
+from dali_shards.fields import FieldKind
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -55,8 +56,8 @@ class SampleStage:
             raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
         out: Dict[str, Any] = {KEY: sample.key}
         for name, kind, exts in self.layout.input_fields:
-            if kind in ("key", "index", "valid"):
-                out[name] = {"key": sample.key, "index": index, "valid": True}[kind]
+            if kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID):
+                out[name] = {FieldKind.KEY: sample.key, FieldKind.INDEX: index, FieldKind.VALID: True}[kind]
                 continue
             data = self.layout.member(sample, name, exts)
             ext = exts[0] if len(exts) == 1 else next(e for e in exts if sample.data.get(e) is not None)
@@ -78,11 +79,11 @@ class SampleStage:
             except BaseException as exc:  # noqa: BLE001 - the user's decoder (sys.exit and the like included)
                 interrupted(exc)
                 raise failure(sample.url, sample.key, f"the decoder of field {name!r} ({decoder.name})", exc) from None
-        decoder = builtin_decoder(ext, mapped=self.mapped)
-        if decoder is None:
+        builtin = builtin_decoder(ext, mapped=self.mapped)
+        if builtin is None:
             return data if isinstance(data, bytes) else bytes(data)
         try:
-            return decoder(data)
+            return builtin(data)
         except Exception as exc:  # noqa: BLE001 - bad member data
             raise ShardFormatError(
                 sample.url,
@@ -113,6 +114,7 @@ class SampleStage:
 
     def run_map(self, sample: RawSample, inputs: Dict[str, Any]) -> Any:
         """The map's result for a sample's decoded fields (a ``ShardMapError`` if it raises)."""
+        assert self.mapper is not None  # only a stage with a map runs it
         try:
             return self.mapper(inputs)
         except (ShardError, ConfigError):  # ConfigError: it could not be loaded in this process
@@ -132,8 +134,11 @@ class SampleStage:
                 sample.url, f"map returned {type(result).__name__}, not a dict of outputs", key=sample.key,
                 hint="return a dict whose keys are the pipeline function's parameters",
             )  # fmt: skip
-        values = {}
-        for spec in self.layout.outputs if specs is None else specs:
+        if specs is None:
+            specs = self.layout.outputs
+            assert specs is not None  # a map's layout lists its outputs
+        values: Dict[str, Any] = {}
+        for spec in specs:
             if spec.name in (KEY, INDEX, VALID):
                 continue
             if spec.name not in result:
@@ -144,12 +149,16 @@ class SampleStage:
             if not check_types:
                 continue
             value = result[spec.name]
-            if spec.kind == "bytes" and type(value) is bytes:  # the common cases, without the general checks
+            if spec.kind == FieldKind.BYTES and type(value) is bytes:  # the common cases, without the general checks
                 values[spec.name] = np.frombuffer(value, dtype=np.uint8)
-            elif spec.kind == "int" and type(value) is int and -(1 << 63) <= value < (1 << 63):
+            elif spec.kind == FieldKind.INT and type(value) is int and -(1 << 63) <= value < (1 << 63):
                 values[spec.name] = value
             else:
-                values[spec.name] = self.check(sample, lambda spec=spec: conform(spec, result[spec.name]))
+
+                def convert(spec: OutputSpec = spec) -> Any:
+                    return conform(spec, result[spec.name])
+
+                values[spec.name] = self.check(sample, convert)
         return values
 
     @staticmethod
@@ -163,6 +172,7 @@ class SampleStage:
             ) from None
 
     def _length(self, sample: RawSample, values: Any) -> int:
+        assert self.bucket_by is not None  # only a stage with bucket_by measures samples
         try:
             length = int(self.bucket_by(values))
         except ConfigError:  # it could not be loaded in this process: not the sample's fault

@@ -194,6 +194,34 @@ def test_write_mixes_samples_by_default_and_inspect_reports_clustering(tmp_path,
     assert "look class-sorted" not in capsys.readouterr().err
 
 
+def test_write_keys_samples_by_their_file_names(tmp_path, capsys):
+    import webdataset as wds
+
+    photos = sample_images()
+    assert cli("write", PHOTOS, tmp_path / "a" / "t-%02d.tar", "--quiet") == 0
+    keys = {s["__key__"]: s["jpg"] for s in wds.WebDataset(str(tmp_path / "a" / "t-00.tar"), shardshuffle=False)}
+    assert keys == {os.path.splitext(os.path.basename(p.path))[0]: open(p.path, "rb").read() for p in photos}
+    assert "keyed other than" not in capsys.readouterr().err
+    assert cli("write", PHOTOS, tmp_path / "n" / "t-%02d.tar", "--quiet", "--numbered-keys", "--no-shuffle") == 0
+    numbered = [s["__key__"] for s in wds.WebDataset(str(tmp_path / "n" / "t-00.tar"), shardshuffle=False)]
+    assert numbered == [f"{i:08d}" for i in range(len(photos))]
+
+
+def test_write_makes_keys_of_clashing_and_dotted_names_unique(tmp_path, capsys):
+    import webdataset as wds
+
+    data = open(sample_images()[0].path, "rb").read()
+    for rel in ("a/x.jpg", "b/x.jpg", "b/x_2.jpg", "c/v1.2.photo.jpg"):
+        os.makedirs(tmp_path / "src" / os.path.dirname(rel), exist_ok=True)
+        (tmp_path / "src" / rel).write_bytes(data)
+    assert cli("write", tmp_path / "src", tmp_path / "o" / "t-%02d.tar", "--quiet", "--no-shuffle") == 0
+    samples = list(wds.WebDataset(str(tmp_path / "o" / "t-00.tar"), shardshuffle=False))
+    assert [(s["__key__"], int(s["cls"])) for s in samples] == [("x", 0), ("x_3", 1), ("x_2", 1), ("v1_2_photo", 2)]
+    assert all(s["jpg"] == data for s in samples)
+    err = capsys.readouterr().err
+    assert "2 files keyed other than by their name" in err and "b/x.jpg -> 'x_3'" in err
+
+
 def test_write_a_file_list(tmp_path):
     photos = sample_images()[:6]
     lst = tmp_path / "list.txt"

@@ -162,8 +162,10 @@ def test_remote_counts_come_from_the_manifest_beside_the_shards(http):
     shards = resolve_source(f"{http.url}/{PATTERN}")
     assert [s.samples for s in shards] == list(SIZES)
     assert shards[0].url == f"{http.url}/sample-000000.tar" and shards[0].bytes
-    with pytest.raises(ConfigError, match=r"dali-shards index .*samples_per_epoch="):
+    with pytest.raises(ConfigError, match=r"dali-shards index .*samples_per_epoch=") as err:
         resolve_source(f"{http.url}/other-{{0..1}}.tar")
+    text = str(err.value)  # a read-only server first: a local manifest passed as the source
+    assert text.index("--manifest local.json") < text.index("puts manifest.json there")
 
 
 def test_index_command_on_remote_urls(http, tmp_path, capsys):
@@ -176,6 +178,8 @@ def test_index_command_on_remote_urls(http, tmp_path, capsys):
     assert cli_main(["inspect", f"{http.url}/{PATTERN}", "--quiet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["samples"] == sum(SIZES) and report["bytes"] == sum(s.bytes for s in got)
+    assert cli_main(["index", f"{http.url}/{PATTERN}", "--quiet"]) != 0  # HTTP is read-only
+    assert "write it locally with --manifest local.json and pass local.json as the source" in capsys.readouterr().err
 
 
 # -- whole pipelines ------------------------------------------------------------------------------
@@ -314,7 +318,7 @@ def test_file_urls_and_local_paths_mix(shard_dir, tmp_path):
 def test_a_short_body_is_resumed_at_the_first_missing_byte():
     import fsspec
 
-    from dali_shards.io.remote import RangeReader
+    from dali_shards.io.ranged import RangeReader
 
     data = bytes(range(256)) * 400
     fsspec.filesystem("memory").pipe_file("/short/obj.tar", data)

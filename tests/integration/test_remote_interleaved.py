@@ -70,7 +70,7 @@ def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_d
 
 def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
     from dali_shards.options import ShardedOptions
-    from dali_shards.pipeline.resolve import resolve
+    from dali_shards.setup.resolve import resolve
     from dali_shards.worker.planned import WorkerSource
 
     def samples(source, epoch):

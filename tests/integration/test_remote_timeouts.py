@@ -10,7 +10,8 @@ import pytest
 from dali_shards import ConfigError, ShardAccessError, ShardFormatError
 from dali_shards.catalog.manifest import read_manifest
 from dali_shards.options import StorageOptions
-from dali_shards.io.remote import RangeReader, RemoteStream
+from dali_shards.io.ranged import RangeReader
+from dali_shards.io.remote import RemoteStream
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.storage import open_shard
 from dali_shards.testing.servers import HTTPShardServer

@@ -172,9 +172,28 @@ def test_training_example_under_torchrun(tmp_path):
     assert epoch["val_images"] == 47 and epoch["steps"] == 3  # ceil(47 / (2 ranks x 8))
 
 
+def test_detection_example_trains_on_ragged_boxes(tmp_path):
+    out = run([sys.executable, "examples/detection_train.py", "--steps-per-epoch", "3", "--out-dir", str(tmp_path)], 600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (epoch,) = _log(tmp_path / "train_log.jsonl")
+    assert epoch["images"] == 12 and epoch["steps"] == 3  # batch 4 on the CPU
+    assert epoch["loss"] == epoch["loss"] and 0 < epoch["loss"] < 100, "a finite loss"
+    assert isinstance(epoch["example_key"], str) and epoch["boxes"] > 0
+    assert "images/s, waiting for data" in out.stdout
+
+
 def test_training_example_help():
     out = run([sys.executable, "examples/imagenet_tar_train.py", "--help"], 60)
     assert out.returncode == 0 and "--arch" in out.stdout and "--val-data" in out.stdout
+
+
+@pytest.mark.parametrize("script", sorted(f"examples/{n}" for n in os.listdir(os.path.join(ROOT, "examples")) if n.endswith(".py")))
+def test_example_help_gives_the_whole_first_paragraph(script):
+    out = run([sys.executable, script, "--help"], 60)
+    doc = open(os.path.join(ROOT, script)).read().split('"""')[1]
+    first = " ".join(doc.split("\n\n")[0].split())
+    assert out.returncode == 0, out.stderr
+    assert first in " ".join(out.stdout.split()), f"{script} --help cuts its description: {out.stdout}"
 
 
 def test_throughput_benchmark_runs(tmp_path):

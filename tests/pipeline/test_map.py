@@ -178,12 +178,14 @@ def make(shards, **kw):
     return pipe
 
 
-def test_user_errors_stop_the_epoch_with_the_original_traceback(shards):
+def test_user_errors_stop_the_epoch_with_the_original_traceback(shards, transfer):
     with pytest.raises(ShardMapError, match=r"sample '0000(06|13)'.*map \(flaky\) raised KeyError") as err:
-        for _ in DALIShardedIterator(make(shards)(), ["label"]):
+        for _ in DALIShardedIterator(make(shards, transfer=transfer)(), ["label"]):
             pass
     assert "in flaky" in str(err.value) and "raise KeyError" in str(err.value), "the user's traceback"
     assert "sample-00000" in err.value.url and "stage.py" not in str(err.value)
+    assert err.value.key in ("000006", "000013") and "error object" not in str(err.value), "the worker's own object"
+    assert err.value.__cause__ is None or transfer == "ring"
 
 
 def test_user_errors_are_skipped_and_counted_keeping_exactly_once(shards):

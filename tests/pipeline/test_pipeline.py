@@ -252,14 +252,27 @@ def test_sixteen_workers_deliver_the_plan(photo_shards):
 
 
 @pytest.mark.parametrize("workers", [2, 5, 8])
-def test_merge_is_a_balanced_tree(photo_shards, workers):
-    p = index_pipeline(photo_shards["pattern"], batch_size=workers, py_num_workers=workers)()
+def test_merge_is_a_balanced_tree(photo_shards, workers, monkeypatch):
+    """The merge transfer's tree of conditional splits and merges: ceil(log2 N) levels, N - 1 inner
+    nodes (a linear if/elif chain needs N - 1 levels), counted where our graph builds it."""
+    from dali_shards.transfer.merge import graph
+
+    real, depth, seen = graph._merge_range, [0], {"calls": 0, "deepest": 0}
+
+    def counting(owner, slices, lo):
+        depth[0] += 1
+        seen["calls"] += 1
+        seen["deepest"] = max(seen["deepest"], depth[0])
+        try:
+            return real(owner, slices, lo)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(graph, "_merge_range", counting)
+    p = index_pipeline(photo_shards["pattern"], batch_size=workers, py_num_workers=workers, transfer="merge")()
     p.build()
-    splits = sum(type(op._op).__name__ == "Split" for op in p._ops)
-    levels = math.ceil(math.log2(workers))
-    assert splits <= workers * levels + workers, f"{splits} split operators for {workers} workers"
-    linear = sum(range(2, workers + 1)) + workers - 1  # what an if/elif chain needs
-    assert workers < 5 or splits < linear
+    assert seen["calls"] == 2 * workers - 1, "N leaves and N - 1 inner nodes, once per field group"
+    assert seen["deepest"] == math.ceil(math.log2(workers)) + 1
 
 
 def test_spawned_workers(photo_shards):

@@ -10,7 +10,7 @@ from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, pipeline_info, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
-from dali_shards.plan.resampled import StreamingSpec, split_stream_index
+from dali_shards.plan.streaming import StreamingSpec, split_stream_index
 from dali_shards.testing.servers import HTTPShardServer
 
 SIZES = (11, 0, 17, 3, 16)

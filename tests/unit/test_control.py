@@ -13,7 +13,7 @@ import pytest
 
 from dali_shards import ConfigError
 from dali_shards.worker.control import ControlBlock, WorkerSlot, WorkerStatus, remove_stale
-from dali_shards.pipeline.supervise import stuck_worker
+from dali_shards.supervise import stuck_worker
 
 
 def test_workers_stamp_and_the_main_process_reads(tmp_path):

@@ -15,7 +15,7 @@ from dali_shards.catalog.manifest import scan_shards, write_manifest
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.tarblocks import walk_members
 from dali_shards.options import ShardedOptions
-from dali_shards.pipeline.resolve import resolve
+from dali_shards.setup.resolve import resolve
 from dali_shards.sample_data import sample_images
 from dali_shards.transfer.ring.assemble import assemble
 from dali_shards.transfer.ring.consumer import MiniBatch

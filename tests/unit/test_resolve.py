@@ -7,7 +7,7 @@ import pytest
 
 from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions
-from dali_shards.pipeline.resolve import resolve
+from dali_shards.setup.resolve import resolve
 from dali_shards.sample_data import write_sample_shards
 
 

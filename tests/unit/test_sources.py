@@ -41,7 +41,6 @@ def test_directory_source(tmp_path, shards):
 
 def test_planning_and_reading_need_no_dali():
     import subprocess
-    import sys
 
     code = (
         "import sys, dali_shards\n"
@@ -120,16 +119,3 @@ def test_resolve_world_precedence(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ConfigError, match="RANK"):
         resolve_world()
-
-
-def test_resolve_world_from_torch_distributed(monkeypatch, tmp_path):
-    import torch.distributed as dist
-
-    monkeypatch.setenv("WORLD_SIZE", "7")
-    monkeypatch.setenv("RANK", "5")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", world_size=1, rank=0)
-    try:
-        assert resolve_world() == (1, 0), "an initialized process group wins over the environment"
-    finally:
-        dist.destroy_process_group()
-    assert "torch" in sys.modules

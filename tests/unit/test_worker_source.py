@@ -124,7 +124,7 @@ def test_iter_is_lazy_and_errors_name_the_shard(tmp_path):
 def test_shard_shorter_than_planned(shards):
     paths, sizes = shards
     spec = PlanSpec((sizes[0] + 2,), batch_size=1)  # plan claims more samples than the shard has
-    with pytest.raises(ShardFormatError, match="fewer samples"):
+    with pytest.raises(ShardFormatError, match="holds 9 samples, fewer than the 11 planned"):
         list(iter(make_source(spec, paths[:1], LAYOUT, 0, 0)))
 
 

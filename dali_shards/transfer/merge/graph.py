@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 import numpy as np
-from nvidia.dali import fn, types
+from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
+from nvidia.dali.types import DALIDataType
 
 from dali_shards.worker.layout import SampleLayout, table_slot
+from dali_shards.fields import FieldKind
 
 
 class SlotOwners:
@@ -57,22 +59,30 @@ def _merge_range(owner: DataNode, slices: List[Tuple[DataNode, ...]], lo: int) -
         return slices[0]
     half = len(slices) // 2
     below = owner < lo + half
-    owner_lo, owner_hi = fn._conditional.split(owner, predicate=below)
-    left = [tuple(fn._conditional.split(node, predicate=below)[0] for node in s) for s in slices[:half]]
-    right = [tuple(fn._conditional.split(node, predicate=below)[1] for node in s) for s in slices[half:]]
+    # fn._conditional (DALI's split and merge operators) is private, not in DALI's stubs: hence the ignores
+    owner_lo, owner_hi = fn._conditional.split(owner, predicate=below)  # type: ignore[attr-defined]
+    left = [
+        tuple(fn._conditional.split(node, predicate=below)[0] for node in s)  # type: ignore[attr-defined]
+        for s in slices[:half]
+    ]
+    right = [
+        tuple(fn._conditional.split(node, predicate=below)[1] for node in s)  # type: ignore[attr-defined]
+        for s in slices[half:]
+    ]
     merged = zip(_merge_range(owner_lo, left, lo), _merge_range(owner_hi, right, lo + half))
-    return tuple(fn._conditional.merge(a, b, predicate=below) for a, b in merged)
+    return tuple(fn._conditional.merge(a, b, predicate=below) for a, b in merged)  # type: ignore[attr-defined]
 
 
 @do_not_convert
-def _cut(data: DataNode, offset: DataNode, length: DataNode) -> DataNode:
+def _cut(data: DataNode, offset: DataNode, length: DataNode | np.ndarray) -> DataNode:
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
 _DALI_TYPES = {
-    "bool": types.BOOL, "uint8": types.UINT8, "int8": types.INT8, "uint16": types.UINT16, "int16": types.INT16,
-    "uint32": types.UINT32, "int32": types.INT32, "uint64": types.UINT64, "int64": types.INT64,
-    "float16": types.FLOAT16, "float32": types.FLOAT, "float64": types.FLOAT64,
+    "bool": DALIDataType.BOOL, "uint8": DALIDataType.UINT8, "int8": DALIDataType.INT8,
+    "uint16": DALIDataType.UINT16, "int16": DALIDataType.INT16, "uint32": DALIDataType.UINT32,
+    "int32": DALIDataType.INT32, "uint64": DALIDataType.UINT64, "int64": DALIDataType.INT64,
+    "float16": DALIDataType.FLOAT16, "float32": DALIDataType.FLOAT, "float64": DALIDataType.FLOAT64,
 }  # fmt: skip
 
 
@@ -84,19 +94,19 @@ def _array(data: DataNode, header: DataNode, dims: int, spec) -> DataNode:
         return fn.reshape(typed, shape=[])
     if spec.ndim == 1:
         return typed
-    return fn.reshape(typed, shape=fn.cast(header[dims : dims + spec.ndim], dtype=types.INT32))
+    return fn.reshape(typed, shape=fn.cast(header[dims : dims + spec.ndim], dtype=DALIDataType.INT32))
 
 
 @do_not_convert
 def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> List[DataNode]:
     out = []
     for spec in layout.fields:
-        if spec.kind == "payload":
+        if spec.kind == FieldKind.PAYLOAD:
             out.append(payload if spec.dtype is None else _array(payload, header, spec.slot, spec))
-        elif spec.kind in ("bytes", "key", "array"):
+        elif spec.kind in (FieldKind.BYTES, FieldKind.KEY, FieldKind.ARRAY):
             data = _cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2])
-            out.append(data if spec.kind != "array" else _array(data, header, spec.slot + 2, spec))
-        elif spec.kind == "valid":
+            out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec.slot + 2, spec))
+        elif spec.kind == FieldKind.VALID:
             out.append(header[spec.slot] == 1)  # status: 1 valid, 0 padding, -1 skipped
         else:
             out.append(header[spec.slot])
@@ -112,7 +122,7 @@ def assemble_fields(
     and each slot's ``[index, status]`` (int64) for the iterator."""
     if not layout.table:
         (blob,) = outputs
-        header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=types.INT64)
+        header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=DALIDataType.INT64)
         return _fields(header, blob, None, layout), header[0:2]
     py_num_workers = len(outputs)
     mini_batch = batch_size // py_num_workers
@@ -124,5 +134,5 @@ def assemble_fields(
     payload, table = merge_slices(owner, list(zip(outputs, tables)))
     rows = fn.external_source(source=RowOffsets(py_num_workers, mini_batch, layout.header_bytes), batch=True)
     row = _cut(table, rows, np.array([layout.header_bytes], dtype=np.int32))
-    header = fn.reinterpret(row, dtype=types.INT64)
+    header = fn.reinterpret(row, dtype=DALIDataType.INT64)
     return _fields(header, table, payload, layout), header[0:2]

@@ -48,7 +48,7 @@ def kill_workers(pipeline: Any) -> None:
     observer see them end. If the observer is stuck on a lock a killed worker held, it is
     detached so that the pool's shutdown does not wait for it."""
     kill_all(_processes(pipeline))
-    observer = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_observer", None)
+    observer: Any = getattr(getattr(getattr(pipeline, "_py_pool", None), "pool", None), "_observer", None)
     thread = getattr(observer, "thread", None)
     if isinstance(thread, threading.Thread):
         thread.join(timeout=5)

@@ -2,13 +2,15 @@
 the worker process of its pool and iterates it there once per epoch; each batch is ``batch_size``
 arrays long, the same size as every other worker's batch, and only this worker's slice
 ``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples (its mini-batch), one padding
-slot its table (table layout, see ``worker/layout.py``), the other slots an empty dummy. Imports no
+slot its table (table layout, see ``worker/layout.py``), the other slots an empty dummy. A worker's
+error reaches the main process through DALI's text of it, pickled (``errors.carry``). Imports no
 DALI."""
 
 from __future__ import annotations
 
 from typing import Iterator, Optional
 
+from dali_shards.errors import DaliShardsError, carry
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.process import ProcessEpochs
 from dali_shards.worker.sources import EpochSource, make_source
@@ -52,3 +54,26 @@ class PaddedBatches:
     def __next__(self) -> list:
         cfg, spec = self.config, self.config.spec
         return cfg.layout.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
+
+
+class Carried:
+    """A source as DALI's worker pool runs it, its errors carried in their text (``errors.carry``):
+    DALI passes only the text of a worker's exception on."""
+
+    def __init__(self, source: MergeSource):
+        self.source = source
+        self._batches: Optional[Iterator[list]] = None
+
+    def __iter__(self) -> "Carried":
+        try:
+            self._batches = iter(self.source)
+        except DaliShardsError as exc:
+            raise carry(exc) from None
+        return self
+
+    def __next__(self) -> list:
+        assert self._batches is not None, "iter() first"
+        try:
+            return next(self._batches)
+        except DaliShardsError as exc:
+            raise carry(exc) from None

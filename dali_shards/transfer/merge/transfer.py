@@ -15,7 +15,7 @@ from dali_shards.transfer.base import steps_in_flight
 from dali_shards.transfer.merge.graph import assemble_fields
 from dali_shards.transfer.merge.pool import LOST_WORKER_TEXT, WorkerWatch, dead_workers, kill_workers, start_collected
 from dali_shards.transfer.merge.pool import worker_pids
-from dali_shards.transfer.merge.source import MergeSource
+from dali_shards.transfer.merge.source import Carried, MergeSource
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.layout import SampleLayout
 
@@ -36,7 +36,7 @@ class MergeTransfer:
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
         outputs = [
-            fn.external_source(source=source, batch=True, parallel=True, cycle="raise",
+            fn.external_source(source=Carried(source), batch=True, parallel=True, cycle="raise",
                                prefetch_queue_depth=self.worker_prefetch, bytes_per_sample_hint=self.hint)
             for source in self.sources
         ]  # fmt: skip

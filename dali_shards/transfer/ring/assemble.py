@@ -15,6 +15,7 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from dali_shards.worker.layout import INDEX_SLOT, STATUS_VALID, VALID_SLOT, FieldSpec, SampleLayout
+from dali_shards.fields import FieldKind
 
 
 class OutputType(NamedTuple):
@@ -28,11 +29,12 @@ def output_types(layout: SampleLayout) -> List[OutputType]:
     """The type of each field's output, in the layout's order, then the slot status output."""
     types = []
     for spec in layout.fields:
-        if spec.kind in ("int", "index"):
+        if spec.kind in (FieldKind.INT, FieldKind.INDEX):
             types.append(OutputType("int64", 0))
-        elif spec.kind == "valid":
+        elif spec.kind == FieldKind.VALID:
             types.append(OutputType("bool", 0))
-        elif spec.kind == "array":
+        elif spec.kind == FieldKind.ARRAY:
+            assert spec.dtype is not None and spec.ndim is not None  # an array's are known
             types.append(OutputType(spec.dtype, spec.ndim))
         else:  # bytes, key
             types.append(OutputType("uint8", 1))
@@ -49,9 +51,9 @@ def assemble(layout: SampleLayout, minis: Sequence[Any], wrap: Callable[[np.ndar
     out: List[Any] = []
     for spec in layout.fields:
         kind = spec.kind
-        if kind in ("int", "index"):
-            out.append(np.ascontiguousarray(rows[:, INDEX_SLOT if kind == "index" else spec.slot]))
-        elif kind == "valid":
+        if kind in (FieldKind.INT, FieldKind.INDEX):
+            out.append(np.ascontiguousarray(rows[:, INDEX_SLOT if kind == FieldKind.INDEX else spec.slot]))
+        elif kind == FieldKind.VALID:
             out.append(rows[:, VALID_SLOT] == STATUS_VALID)
         else:  # bytes, key, array
             out.append(_bytes_field(minis, rows, spec, wrap))
@@ -62,15 +64,16 @@ def assemble(layout: SampleLayout, minis: Sequence[Any], wrap: Callable[[np.ndar
 def _bytes_field(minis: Sequence[Any], rows: np.ndarray, spec: FieldSpec, wrap: Callable[[np.ndarray], Any]) -> Any:
     """A byte (or array) field's batch: dense where every sample has the same small size and shape."""
     lengths = rows[:, spec.slot + 1]
-    shapes = rows[:, spec.slot + 2 : spec.slot + 2 + (spec.ndim or 0)] if spec.kind == "array" else None
+    shapes = rows[:, spec.slot + 2 : spec.slot + 2 + (spec.ndim or 0)] if spec.kind == FieldKind.ARRAY else None
     n = int(lengths[0])
     same = n <= DENSE_BYTES and (lengths == n).all() and (shapes is None or (shapes == shapes[0]).all())
     if same:
         dense = _dense(minis, spec.slot, n, len(rows))
-        if spec.kind != "array":
+        if spec.kind != FieldKind.ARRAY:
             return dense
+        assert shapes is not None  # an array's
         return dense.view(spec.dtype).reshape((len(rows), *[int(d) for d in shapes[0]]) if spec.ndim else len(rows))
-    if spec.kind != "array":
+    if spec.kind != FieldKind.ARRAY:
         return [wrap(b) for m in minis for b in _pieces(m, spec.slot)]
     return [wrap(_as_array(b, r, spec)) for m in minis for b, r in zip(_pieces(m, spec.slot), m.rows)]
 
@@ -100,4 +103,5 @@ def _as_array(data: np.ndarray, row: np.ndarray, spec: FieldSpec) -> np.ndarray:
     typed = data.view(spec.dtype)
     if spec.ndim == 1:
         return typed
+    assert spec.ndim is not None  # an array's
     return typed.reshape([int(d) for d in row[spec.slot + 2 : spec.slot + 2 + spec.ndim]])

@@ -11,7 +11,7 @@ from typing import Any, List, NamedTuple, Optional, Union
 import numpy as np
 
 from dali_shards.errors import ShardMapError, WorkerError
-from dali_shards.processes import describe_exit
+from dali_shards.pids import describe_exit
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
 
@@ -56,7 +56,7 @@ class RingConsumer:
     def next(self) -> Union[MiniBatch, EpochEnd]:
         """The worker's next announcement (waits for it); a worker's error is raised as it was
         raised there; ``WorkerGone`` if it died (a stuck but live worker is the watchdog's to kill,
-        see ``pipeline/supervise.py``; Ctrl-C interrupts the wait)."""
+        see ``supervise.py``; Ctrl-C interrupts the wait)."""
         self._wait()
         try:
             msg = messages.receive(self.conn)
@@ -75,7 +75,9 @@ class RingConsumer:
             except (EOFError, OSError) as exc:
                 raise self._gone(f"its connection ended while it passed a slot ({type(exc).__name__})") from None
             self.generations[slot] = int(msg.generation)
-        table = self.segments[slot].array[: int(msg.size)]
+        segment = self.segments[slot]
+        assert segment is not None  # received with the slot's first generation
+        table = segment.array[: int(msg.size)]
         count = int(msg.count)
         rows = table[: count * 8 * self.header_slots].view(np.int64).reshape(count, self.header_slots)
         return MiniBatch(int(msg.epoch), int(msg.step), slot, rows, table)

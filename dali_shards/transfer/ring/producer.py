@@ -73,8 +73,9 @@ class RingProducer:
         if not isinstance(exc, Exception):
             exc = WorkerError(f"a dali_shards worker ended with {type(exc).__name__}: {exc}")
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        pickled: Optional[bytes]
         try:
-            pickled: Optional[bytes] = pickle.dumps(exc)
+            pickled = pickle.dumps(exc)
             pickle.loads(pickled)
         except Exception:  # noqa: BLE001 - any exception: its text travels alone
             pickled = None

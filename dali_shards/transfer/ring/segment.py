@@ -32,7 +32,7 @@ class Segment:
         self.fd = fd
         self.size = size
         self.map = mmap.mmap(fd, size) if size else None
-        self.array = np.frombuffer(self.map, dtype=np.uint8) if size else np.empty(0, np.uint8)
+        self.array = np.frombuffer(self.map, dtype=np.uint8) if self.map is not None else np.empty(0, np.uint8)
 
     @classmethod
     def create(cls, size: int, name: str = "dali-shards-ring") -> "Segment":

@@ -15,7 +15,7 @@ import re
 import warnings
 import weakref
 from multiprocessing.util import Finalize
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NoReturn, Optional, Sequence, Tuple, Union, cast
 
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
@@ -78,9 +78,9 @@ class RingFeed:
             consumer.release(slot)
         self.held = []
 
-    def _take(self) -> List[Any]:
+    def _take(self) -> List[MiniBatch]:
         """Every worker's next mini-batch of this step (held until the next call)."""
-        got = []
+        got: List[Union[MiniBatch, EpochEnd]] = []
         for consumer in self.workers.consumers:
             item = consumer.next()
             got.append(item)
@@ -89,17 +89,19 @@ class RingFeed:
         ends = [g for g in got if isinstance(g, EpochEnd)]
         if ends:
             self._end_epoch(ends, len(got))
-        if any(g.epoch != self.epoch or g.step != self.step for g in got) or sum(len(g.rows) for g in got) != self.batch_size:
-            where = sorted({(g.epoch, g.step) for g in got})
+        minis = cast(List[MiniBatch], got)  # no EpochEnd among them: _end_epoch raised
+        samples = sum(len(g.rows) for g in minis)
+        if any(g.epoch != self.epoch or g.step != self.step for g in minis) or samples != self.batch_size:
+            where = sorted({(g.epoch, g.step) for g in minis})
             raise WorkerError(
-                f"dali_shards internal error: the workers sent steps {where} ({sum(len(g.rows) for g in got)} samples) "
+                f"dali_shards internal error: the workers sent steps {where} ({samples} samples) "
                 f"where step {self.step} of epoch {self.epoch} ({self.batch_size} samples) was due; please report it. "
                 "Restart from the last state_dict() to go on"
             )
         self.step += 1
-        return got
+        return minis
 
-    def _end_epoch(self, ends: Sequence[EpochEnd], workers: int) -> None:
+    def _end_epoch(self, ends: Sequence[EpochEnd], workers: int) -> NoReturn:
         if len(ends) != workers or any(e.epoch != self.epoch or e.steps != self.step for e in ends):
             raise WorkerError(
                 f"dali_shards internal error: the workers ended epoch {self.epoch} apart ({len(ends)} of {workers} "
@@ -135,7 +137,9 @@ class RingTransfer:
         # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
         Finalize(pipeline, self.workers.stop, exitpriority=10)
         fields = [f.name for f in self.layout.fields]
-        pipeline.build = functools.partial(_build_started, weakref.ref(pipeline), self.workers, fields)
+        pipeline.build = functools.partial(  # type: ignore[method-assign]  # wraps this DALI pipeline's build
+            _build_started, weakref.ref(pipeline), self.workers, fields
+        )
 
     def watch(self) -> None:
         """Nothing to add once the pipeline is built: the ring's waits see a dead worker."""

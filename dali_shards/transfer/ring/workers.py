@@ -96,7 +96,7 @@ class RingWorkers:
             for config in self.configs:
                 here, there = ctx.Pipe(duplex=True)
                 try:
-                    process = ctx.Process(
+                    process = ctx.Process(  # type: ignore[attr-defined]  # typeshed's BaseContext has no Process
                         target=run_worker,
                         args=(config, there, self.depth, os.getpid(), self.first_slot_bytes),
                         name=f"dali-shards-worker-{config.rank}.{config.worker}",

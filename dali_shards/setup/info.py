@@ -9,8 +9,9 @@ import numpy as np
 
 from dali_shards.options import OnError
 from dali_shards.plan.epoch import EpochPlan
-from dali_shards.plan.resume import make_state, resume_point
-from dali_shards.pipeline.resolve import Resolved
+from dali_shards.plan.resume import epoch_plan, make_state, resume_point
+from dali_shards.plan.statecheck import State
+from dali_shards.setup.resolve import Resolved
 from dali_shards.worker.control import ControlBlock
 
 
@@ -26,7 +27,8 @@ class ShardedPipelineInfo:
     ``resolved`` holds the options, the world, the shards, the layout and the plan spec; a resumed
     pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch).
     ``outputs`` are the graph function's outputs and ``slot_status`` each slot's index and status
-    (the iterator adds it as an output); ``rebuild(**options)`` makes the same pipeline anew;
+    (the iterator adds it as an output); ``key_outputs`` the positions of the outputs that are
+    the ``__key__`` field as it comes (the iterator gives them as strings); ``rebuild(**options)`` makes the same pipeline anew;
     ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``).
     """
 
@@ -34,6 +36,7 @@ class ShardedPipelineInfo:
     rebuild: Optional[Callable[..., Any]] = field(default=None, compare=False, repr=False)
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
     slot_status: Any = field(default=None, compare=False, repr=False)
+    key_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
 
@@ -68,10 +71,7 @@ class ShardedPipelineInfo:
 
     def plan(self, epoch: int) -> EpochPlan:
         """The plan of an epoch (the resumed plan for the epoch a resumed pipeline starts in)."""
-        resumed = self.resume_plan
-        if resumed is not None and resumed.epoch == epoch:
-            return resumed
-        return self.spec.epoch(epoch)
+        return epoch_plan(self.spec, self.resume_plan, epoch)
 
     def prior(self, epoch: int) -> List[Dict[str, Any]]:
         """The layouts that ran in ``epoch`` before this pipeline's plan of it."""
@@ -84,7 +84,7 @@ class ShardedPipelineInfo:
         lengths = _any_lengths if self.options.bucket_by is not None else None
         return resume_point(self.spec, state, self.resolved.dataset, lengths)
 
-    def state(self, epoch: int, steps: int) -> Dict[str, Any]:
+    def state(self, epoch: int, steps: int) -> State:
         """The resumable state after ``steps`` batches of ``epoch`` (counted from its plan's step 0)."""
         return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps, self.resolved.dataset)
 

@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
-from dali_shards.plan.resampled import stream_index
+from dali_shards.plan.streaming import StreamingSpec, stream_index
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.layout import Packed
@@ -75,6 +75,7 @@ class StreamingWorkerSource:
     def _samples(self, first_cycle: int) -> Iterator[Packed]:
         """The endless stream of this worker's samples, cycle after cycle."""
         cfg = self.config
+        assert isinstance(cfg.spec, StreamingSpec)  # the streaming mode
         reader = ShardReader(cfg, self.slot.progress)
         cycle = first_cycle
         while True:

@@ -11,7 +11,7 @@ tried.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
@@ -22,6 +22,7 @@ from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs
+from dali_shards.fields import FieldKind
 
 PROBE_SAMPLES = 100  # samples tried with on_error="skip" before giving up
 
@@ -54,7 +55,7 @@ def samples(shards: Sequence[ShardInfo], options: ShardedOptions, extensions) ->
         start += shard.samples
 
 
-def probe(
+def first_sample_outputs(
     options: ShardedOptions, shards: Sequence[ShardInfo], stage: SampleStage, names: Sequence[str]
 ) -> Tuple[List[OutputSpec], Dict[str, int]]:
     """The specs of the outputs ``names`` (with a ``map``) or of the ``.npy`` fields (without),
@@ -86,51 +87,35 @@ def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[st
             specs.append(OutputSpec(name, "special"))
             continue
         stage.outputs(sample, result, [OutputSpec(name, "array")], check_types=False)  # present?
-        spec, value = stage.check(sample, lambda name=name: classify(name, result[name]))
+
+        def convert(name: str = name) -> Tuple[OutputSpec, Any]:
+            return classify(name, result[name])
+
+        spec, value = stage.check(sample, convert)
         specs.append(spec)
         sizes[name] = getattr(value, "nbytes", 8)
     return specs, sizes
 
 
+def table_or_packed(
+    transfer: str, py_num_workers: int, sizes: Callable[[], Sequence[Tuple[float, int, str]]]
+) -> Tuple[bool, Optional[str]]:
+    """(table layout?, payload) of a sample's slot (see ``worker/layout.py``): the ring transfer's
+    table, every field in it; the merge transfer's table for two or more workers, with the largest
+    of ``sizes()`` ((bytes, tie-break, name) of the fields that may be the payload) as payload; the
+    packed layout for one worker. The one place this is decided."""
+    if Transfer(transfer) is Transfer.RING:
+        return True, None
+    if py_num_workers < 2:
+        return False, None
+    candidates = sizes()
+    return True, (max(candidates)[2] if candidates else None)
+
+
 def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> SampleLayout:
-    """The layout of a ``map``'s outputs: the ring transfer's table (every output in it); for the
-    merge transfer the table layout for two or more workers, with the largest output (in the first
-    sample) as payload."""
-    if options.transfer is Transfer.RING:
-        return SampleLayout(options.fields, table=True, outputs=specs, image_check=options.image_check)
-    if options.py_num_workers < 2:
-        return SampleLayout(options.fields, outputs=specs, image_check=options.image_check)
-    movable = [(sizes.get(s.name, 0), -i, s.name) for i, s in enumerate(specs) if s.kind in ("bytes", "array")]
-    payload = max(movable)[2] if movable else None
-    return SampleLayout(options.fields, table=True, payload=payload, outputs=specs, image_check=options.image_check)
-
-
-class SampleLengths:
-    """Samples' lengths (``bucket_by``) read in the main process, as the workers compute them: what
-    a bucketed epoch resumed under another layout needs to know which samples the window it stopped
-    in had delivered (see ``EpochPlan.consumed``). A sample that cannot be read has length -1, as
-    a skipped one in a worker."""
-
-    def __init__(self, shards: Sequence[ShardInfo], options: ShardedOptions, stage: SampleStage):
-        self.shards, self.options, self.stage = shards, options, stage
-
-    def __call__(self, plan: Any, positions: Any) -> Any:
-        import numpy as np
-
-        shard, local = plan.locate(positions)
-        found: Dict[Tuple[int, int], int] = {}
-        with KeptRngs():
-            for s in sorted(set(shard.tolist())):
-                self._read(plan, s, set(local[shard == s].tolist()), found)
-        return np.array([found.get((s, l), -1) for s, l in zip(shard.tolist(), local.tolist())], dtype=np.int64)
-
-    def _read(self, plan: Any, s: int, wanted: Set[int], found: Dict[Tuple[int, int], int]) -> None:
-        info = self.shards[s]
-        base = int(plan.canonical_starts[s])
-        with open_shard(info.url, self.options.storage, info.bytes) as stream:
-            reader = TarReader(stream, info.url).samples(self.stage.layout.extensions, select=wanted.__contains__)
-            for sample in reader:
-                try:
-                    found[(s, sample.position)] = self.stage.pack(sample, base + sample.position, plan.epoch).length
-                except ShardError:
-                    found[(s, sample.position)] = -1
+    """The layout of a ``map``'s outputs (``table_or_packed``; the payload: the largest output in
+    the first sample)."""
+    table, payload = table_or_packed(options.transfer, options.py_num_workers, lambda: [
+        (float(sizes.get(s.name, 0)), -i, s.name) for i, s in enumerate(specs) if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)
+    ])  # fmt: skip
+    return SampleLayout(options.fields, table=table, payload=payload, outputs=specs, image_check=options.image_check)

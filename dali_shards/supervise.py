@@ -18,6 +18,7 @@ import time
 import weakref
 from typing import Any, Optional, Sequence
 
+from dali_shards.plan.geometry import virtual_worker
 from dali_shards.worker.control import ControlBlock, WorkerStatus
 from dali_shards.worker.process import HEARTBEAT_S
 
@@ -64,6 +65,7 @@ class Watchdog:
         self._stop.set()
 
     def _run(self) -> None:
+        assert self.timeout is not None  # begin() starts the thread only with a timeout
         warned = None
         while not self._stop.wait(min(1.0, self.timeout / 4)):
             since = self._since
@@ -79,7 +81,7 @@ class Watchdog:
                 continue
             # DALI's process order need not be the sources' order: a worker's own stamp says its pid
             unclaimed = [pid for pid in self.pids if pid not in {s.pid for s in statuses}]
-            pid = status.pid if status.pid in self.pids else (unclaimed or [None])[0]
+            pid = status.pid if status.pid in self.pids else (unclaimed[0] if unclaimed else None)
             if pid is None:
                 continue
             self.reason = self.describe(status, pid, now)
@@ -90,7 +92,8 @@ class Watchdog:
 
     def describe(self, status: WorkerStatus, pid: int, now: float) -> str:
         """Which worker made no progress, for how long, and where."""
-        virtual = self.rank * self.control.py_num_workers + status.worker
+        assert self.timeout is not None  # only the watchdog's thread (with a timeout) asks
+        virtual = virtual_worker(self.rank, status.worker, self.control.py_num_workers)
         url = self.urls[status.shard] if 0 <= status.shard < len(self.urls) else None
         last = max(status.progress, status.alive) if now - status.alive > self.timeout else status.progress
         silent = f"for {now - last:.1f} s" if last else "since it started"

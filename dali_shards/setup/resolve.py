@@ -10,25 +10,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.manifest import ShardInfo
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
-from dali_shards.io.remote import is_remote
-from dali_shards.options import ShardedOptions, Transfer, option_default
+from dali_shards.io.filesystems import is_remote
+from dali_shards.options import ShardedOptions, option_default
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
-from dali_shards.plan.resampled import StreamingSpec
+from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.plan.resume import resume_point
 from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.errors import ConfigError
-from dali_shards.pipeline.probe import SampleLengths, choose_outputs_layout, probe
-from dali_shards.worker.decoders import check_decoders
+from dali_shards.setup.first_sample import choose_outputs_layout, first_sample_outputs, table_or_packed
+from dali_shards.setup.lengths import SampleLengths
+from dali_shards.fields import check_decoders
 from dali_shards.worker.layout import SampleLayout
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
+from dali_shards.fields import FieldKind
 
 log = logging.getLogger("dali_shards")
 SLOT_META_BYTES = 128  # shared memory a batch slot takes beyond its sample
@@ -87,6 +89,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     layout = stage.layout
     spec, streaming = _specs(options, shards, world_size)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
+    resume_prior: List[Dict[str, Any]]
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
     if options.resume_from is not None:
@@ -94,7 +97,8 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     first_steps = None
     if streaming is not None and resume_plan is not None:
         first_steps = resume_plan.steps - resume_plan.start_step
-    common = dict(
+    first_worker = WorkerConfig(
+        worker=0,
         spec=streaming if streaming is not None else spec,
         rank=rank,
         urls=tuple(s.url for s in shards),
@@ -123,7 +127,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         start_epoch=start_epoch,
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
-        workers=tuple(WorkerConfig(worker=w, **common) for w in range(options.py_num_workers)),
+        workers=tuple(dataclasses.replace(first_worker, worker=w) for w in range(options.py_num_workers)),
         bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers, sizes),
         lengths=lengths,
     )
@@ -133,7 +137,7 @@ def _specs(
     options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int
 ) -> Tuple[PlanSpec, Optional[StreamingSpec]]:
     """The plan spec, and in the streaming mode the streaming spec it stands for."""
-    layout = dict(
+    layout: Dict[str, Any] = dict(
         world_size=world_size,
         py_num_workers=options.py_num_workers,
         batch_size=options.batch_size,
@@ -153,6 +157,7 @@ def _specs(
             )  # fmt: skip
         sizes = tuple(s.samples for s in shards)
         return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, **layout), None
+    assert options.samples_per_epoch is not None  # options.streaming
     streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
     if streaming.shares_shards():
         log.warning(
@@ -200,7 +205,7 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
     samples = sum(s.samples for s in shards if s.samples > 0)
     if not samples or any(s.ext_bytes is None for s in shards if s.samples > 0):
         return None
-    return sum(s.ext_bytes.get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
+    return sum((s.ext_bytes or {}).get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
 
 
 def choose_layout(
@@ -214,16 +219,11 @@ def choose_layout(
     """The ring transfer's layout: a table of rows and a heap, every field in it (no payload). The
     merge transfer's: the table layout for two or more workers, with the largest byte field (by the
     scan's per-extension sizes; else the first) as payload; the packed layout for one worker."""
-    if Transfer(transfer) is Transfer.RING:
-        return SampleLayout(fields, table=True, image_check=image_check, arrays=arrays)
-    if py_num_workers < 2:
-        return SampleLayout(fields, image_check=image_check, arrays=arrays)
-    plain = SampleLayout(fields)
-    sizes = [
-        (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name) for i, spec in enumerate(plain.byte_fields)
-    ]
-    payload = max(sizes)[2] if sizes else None
-    return SampleLayout(fields, table=True, payload=payload, image_check=image_check, arrays=arrays)
+    table, payload = table_or_packed(transfer, py_num_workers, lambda: [
+        (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name)
+        for i, spec in enumerate(SampleLayout(fields).byte_fields)
+    ])  # fmt: skip
+    return SampleLayout(fields, table=table, payload=payload, image_check=image_check, arrays=arrays)
 
 
 def choose_stage(
@@ -237,14 +237,14 @@ def choose_stage(
     bucket_by = Portable(options.bucket_by, "bucket_by") if options.bucket_by is not None else None
     reading = SampleLayout(options.fields, image_check=options.image_check)
     if mapper is None:
-        npy = [f.name for f in reading.fields if f.kind == "array"]
-        specs = probe(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
+        npy = [f.name for f in reading.fields if f.kind == FieldKind.ARRAY]
+        specs = first_sample_outputs(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
         arrays = {s.name: (s.dtype, s.ndim) for s in specs}
         layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays, options.transfer)
         return SampleStage(layout, None, decoders, bucket_by, options.seed), {}
     if not outputs:
         raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")
-    specs, sizes = probe(options, shards, SampleStage(reading, mapper, decoders), outputs)
+    specs, sizes = first_sample_outputs(options, shards, SampleStage(reading, mapper, decoders), outputs)
     return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by, options.seed), sizes
 
 

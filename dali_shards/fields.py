@@ -1,0 +1,82 @@
+"""Field names: what a requested field is (its kind and the member extensions that may provide it),
+the special fields, and the check of the ``decoders`` option. The options layer checks ``fields``
+with it; the worker's layout builds on it. Imports nothing of the package but its errors.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from dali_shards.errors import ConfigError
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10
+
+    class StrEnum(str, Enum):  # type: ignore[no-redef]
+        """A ``str`` enum whose members print as their values."""
+
+        __str__ = str.__str__
+        __format__ = str.__format__  # type: ignore[assignment]  # str's (its format_spec positional-only)
+
+
+class FieldKind(StrEnum):
+    """What travels in a field's header slots (see ``worker/layout.py``)."""
+
+    PAYLOAD = "payload"  # the large byte field (or array) of the table layout, in a slot of its own
+    BYTES = "bytes"  # a member's bytes: offset and length
+    INT = "int"  # a text integer (.cls, .index, .label): the value
+    ARRAY = "array"  # a .npy member or a map's array output: offset, length, shape
+    KEY = "key"  # the sample's key (bytes)
+    INDEX = "index"  # its position in the canonical order (header slot 0)
+    VALID = "valid"  # its status (header slot 1)
+
+
+KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
+SPECIAL_FIELDS = (KEY, INDEX, VALID)
+SPECIAL_KINDS = {KEY: FieldKind.KEY, INDEX: FieldKind.INDEX, VALID: FieldKind.VALID}
+INT_EXTENSIONS = frozenset({"cls", "index", "label"})
+Decoder = Callable[[bytes], Any]
+FieldInfo = Tuple[str, FieldKind, Tuple[str, ...]]  # name, kind, extensions
+
+
+def input_spec(name: Any, fields: Sequence[Any]) -> FieldInfo:
+    """(name, kind, extensions) of a requested field (``"jpg;png"``: the first present wins)."""
+    if not isinstance(name, str) or not name.strip(" ;."):
+        raise ConfigError(f"invalid field name {name!r} in fields={tuple(fields)!r}")
+    if name in SPECIAL_KINDS:
+        return name, SPECIAL_KINDS[name], ()
+    exts = tuple(e.strip().lstrip(".").lower() for e in name.split(";") if e.strip())
+    if all(e in INT_EXTENSIONS for e in exts):
+        return name, FieldKind.INT, exts
+    return name, (FieldKind.ARRAY if all(e == "npy" for e in exts) else FieldKind.BYTES), exts
+
+
+def check_fields(fields: Any) -> Tuple[str, ...]:
+    """The ``fields`` option, checked (names, alternatives, duplicates): as a tuple."""
+    if isinstance(fields, str) or not isinstance(fields, Sequence) or not fields:
+        raise ConfigError(f"fields must be a non-empty sequence of field names, e.g. ('jpg', 'cls'), got {fields!r}")
+    names = [input_spec(name, fields)[0] for name in fields]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"fields must be distinct, got {tuple(fields)!r}")
+    return tuple(fields)
+
+
+def check_decoders(decoders: Optional[Mapping[str, Union[str, Decoder]]], fields: Sequence[str]) -> Dict[str, Optional[Decoder]]:
+    """The ``decoders`` option, checked: field name -> decoder (None: bytes)."""
+    if decoders is None:
+        return {}
+    if not isinstance(decoders, Mapping):
+        raise ConfigError(f"decoders must map field names to callables or 'bytes', got {decoders!r}")
+    out: Dict[str, Optional[Decoder]] = {}
+    for name, decoder in decoders.items():
+        if name not in fields:
+            raise ConfigError(f"decoders names field {name!r}, which is not among fields={tuple(fields)!r}")
+        if decoder == "bytes" or decoder is None:
+            out[name] = None
+        elif callable(decoder):
+            out[name] = decoder
+        else:
+            raise ConfigError(f"decoders[{name!r}] must be a callable (bytes -> value) or 'bytes', got {decoder!r}")
+    return out

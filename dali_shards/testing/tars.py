@@ -1,0 +1,44 @@
+"""Tar archives for tests: any members (files, directories, links, long names), in any format."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from typing import Any, Sequence, Tuple
+
+def make_tar(path: Any, members: Sequence[Tuple[str, Any]], fmt: int = tarfile.GNU_FORMAT, mode: str = "w") -> str:
+    """members: (name, bytes) for files, (name, None) for directories, (name, "->target") links."""
+    with tarfile.open(path, mode, format=fmt) as tar:  # type: ignore[call-overload]  # typeshed: a literal mode
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(data, str):
+                info.type = tarfile.SYMTYPE
+                info.linkname = data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+# members webdataset and our reader must read alike: a directory, a link, an extension with a dot,
+# names with no extension or starting with "__", a long name, upper case, a key seen again later
+AWKWARD = [
+    ("a/dir", None),
+    ("a/dir/000.jpg", b"jpeg-0"),
+    ("a/dir/000.cls", b"3"),
+    ("a/dir/000.seg.PNG", b"mask-0"),
+    ("__meta__", b"ignored"),
+    ("README", b"no extension: ignored"),
+    ("001.jpg", b"jpeg-1"),
+    ("001.json", b"{}"),
+    ("link.jpg", "->001.jpg"),
+    ("x" * 120 + "/002.jpg", b"long name"),
+    ("x" * 120 + "/002.cls", b"7"),
+    ("003.JPG", b"upper"),
+    ("001.txt", b"key seen again later: a new sample, as in webdataset"),
+    ("empty.txt", b""),
+]

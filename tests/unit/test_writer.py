@@ -1,0 +1,75 @@
+"""ShardWriter: values encoded as webdataset encodes them, and the manifest written on close."""
+
+import io
+import json
+import os
+import pydoc
+import tarfile
+
+import numpy as np
+import pytest
+
+from dali_shards import ShardWriter
+from dali_shards.catalog.manifest import read_manifest, scan_shards
+from dali_shards.errors import ConfigError
+from dali_shards.tools.encode import encode
+
+
+def members(path):
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_values_are_encoded_by_type_and_extension(tmp_path):
+    boxes = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with ShardWriter(str(tmp_path / "s-%03d.tar")) as writer:
+        writer.write({"__key__": "a", "json": {"boxes": boxes, "n": np.int64(2)}, "npy": boxes, "cls": 7,
+                      "txt": "héllo", "bin": b"\x00\x01", "meta": [1, 2], "score": 0.5, "flag": True})  # fmt: skip
+    got = members(writer.paths[0])
+    assert json.loads(got["a.json"]) == {"boxes": boxes.tolist(), "n": 2}
+    assert np.array_equal(np.load(io.BytesIO(got["a.npy"])), boxes) and np.load(io.BytesIO(got["a.npy"])).dtype == np.float32
+    assert got["a.cls"] == b"7" and got["a.txt"] == "héllo".encode() and got["a.bin"] == b"\x00\x01"
+    assert json.loads(got["a.meta"]) == [1, 2] and float(got["a.score"]) == 0.5 and got["a.flag"] == b"1"
+
+
+def test_text_and_bytes_are_kept_whatever_the_extension():
+    assert encode("json", '{"a": 1}') == b'{"a": 1}' and encode("npy", b"\x93NUMPY") == b"\x93NUMPY"
+
+
+def test_pickle_extensions_and_unencodable_values():
+    assert encode("pyd", {1, 2}) == __import__("pickle").dumps({1, 2})
+    with pytest.raises(ConfigError, match=r"sample 'k': cannot store a set as \.foo"):
+        encode("foo", {1, 2}, "k")
+    with pytest.raises(ConfigError, match=r"sample 'k': \.json cannot be stored as JSON"):
+        encode("json", {"x": object()}, "k")
+
+
+def test_the_manifest_is_written_on_close_with_sample_offsets(tmp_path):
+    writer = ShardWriter(str(tmp_path / "out" / "s-%03d.tar"), max_count=3)
+    for i in range(7):
+        writer.write({"__key__": f"k{i}", "txt": "x" * i, "cls": i})
+    assert writer.manifest_path is None and not (tmp_path / "out" / "manifest.json").exists()
+    writer.close()
+    assert writer.counts == [3, 3, 1] and len(writer.paths) == 3
+    assert writer.manifest_path == str(tmp_path / "out" / "manifest.json")
+    listed, scanned = read_manifest(writer.manifest_path), scan_shards(writer.paths)
+    assert [s.samples for s in listed] == [3, 3, 1]
+    assert [s.offsets.tolist() for s in listed] == [s.offsets.tolist() for s in scanned]
+    assert [os.path.abspath(s.url) for s in listed] == [os.path.abspath(p) for p in writer.paths]
+    with pytest.raises(ConfigError, match="closed"):
+        writer.write({"__key__": "late", "txt": "x"})
+
+
+def test_manifest_false_or_a_path(tmp_path):
+    with ShardWriter(str(tmp_path / "a-%d.tar"), manifest=False) as writer:
+        writer.write({"__key__": "k", "txt": "x"})
+    assert writer.manifest_path is None and not (tmp_path / "manifest.json").exists()
+    with ShardWriter(str(tmp_path / "b-%d.tar.gz"), manifest=str(tmp_path / "m.json")) as writer:
+        writer.write({"__key__": "k", "txt": "x"})
+    assert [s.samples for s in read_manifest(str(tmp_path / "m.json"))] == [1]
+
+
+def test_help_documents_write_paths_and_counts():
+    text = pydoc.render_doc(ShardWriter, renderer=pydoc.plaintext)
+    for word in ("write(sample)", "paths", "counts", "manifest", "np.ndarray"):
+        assert word in text

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
-import pickle
-import re
-from typing import Optional
+import json
+from typing import Any, Dict, Optional, Type
 
 
 class DaliShardsError(Exception):
@@ -71,38 +69,54 @@ class WorkerError(DaliShardsError, RuntimeError):
     """A worker process of a sharded pipeline failed or died; says which and what to do."""
 
 
-_CARRIED = re.compile(r"\[dali_shards error object: ([A-Za-z0-9+/=]+)\]")
+_MARK = "[dali_shards error: "
 
 
 class CarriedError(RuntimeError):
     """A worker's dali_shards error on its way through DALI's worker pool (the merge transfer),
-    which passes only the text of an exception on: the error, pickled, rides in the text, and the
-    main process takes the object back out (``from_worker``)."""
+    which passes only the text of an exception on. Its fields ride at the end of the text as one
+    line of JSON (data, never code: a shard's keys and a map's traceback are in that text), and
+    the main process rebuilds the error from the last such line (``from_worker``)."""
 
-    def __init__(self, exc: BaseException, pickled: bytes):
-        payload = base64.b64encode(pickled).decode("ascii")
-        super().__init__(f"{type(exc).__name__}: {exc}\n[dali_shards error object: {payload}]")
+    def __init__(self, exc: BaseException, fields: Dict[str, Any]):
+        payload = json.dumps(fields).replace("[", "\\u005b")  # no "[" in it: the mark cannot occur inside
+        super().__init__(f"{type(exc).__name__}: {exc}\n{_MARK}{payload}]")
+
+
+def _carried_classes() -> Dict[str, Type[DaliShardsError]]:
+    """The errors that may cross DALI's worker pool, by name."""
+    return {c.__name__: c for c in (ShardError, ShardFormatError, ShardAccessError, ShardMapError, ConfigError,
+                                     UnknownOptionError, EmptyDatasetError, ManifestNotFound, WorkerError)}  # fmt: skip
 
 
 def carry(exc: BaseException) -> BaseException:
-    """``exc`` made fit to cross DALI's worker pool (a ``CarriedError``); as it is if it cannot be
-    pickled (the main process then sees DALI's text of it)."""
-    try:
-        pickled = pickle.dumps(exc)
-        pickle.loads(pickled)
-    except Exception:  # noqa: BLE001 - an unpicklable error goes as it is
+    """``exc`` made fit to cross DALI's worker pool (a ``CarriedError``); as it is if it is not one
+    of the errors ``from_worker`` rebuilds (the main process then sees DALI's text of it)."""
+    name = type(exc).__name__
+    if _carried_classes().get(name) is not type(exc):
         return exc
-    return CarriedError(exc, pickled)
+    fields: Dict[str, Any]
+    if isinstance(exc, ShardError):
+        fields = {"class": name, "url": exc.url, "detail": exc.detail, "key": exc.key, "hint": exc.hint}
+    else:
+        fields = {"class": name, "message": str(exc)}
+    return CarriedError(exc, fields)
 
 
 def from_worker(exc: BaseException) -> Optional[BaseException]:
-    """The dali_shards error a worker raised (see ``carry``), out of the exception DALI re-raises
-    in the main process; None if it carries none."""
+    """The dali_shards error a worker raised (see ``carry``), rebuilt from the exception DALI
+    re-raises in the main process; None if it carries none."""
     for e in (exc, exc.__cause__, exc.__context__):
-        match = _CARRIED.search(str(e)) if e is not None else None
-        if match is not None:
-            try:
-                return pickle.loads(base64.b64decode(match.group(1)))
-            except Exception:  # noqa: BLE001 - a damaged text: DALI's own error stands
-                return None
+        text = str(e) if e is not None else ""
+        at = text.rfind(_MARK)  # the last: ours ends the message, whatever the message holds before it
+        if at < 0:
+            continue
+        try:
+            fields, _ = json.JSONDecoder().raw_decode(text, at + len(_MARK))
+            cls = _carried_classes()[fields["class"]]
+            if issubclass(cls, ShardError):
+                return cls(fields["url"], fields["detail"], key=fields["key"], hint=fields["hint"])
+            return cls(fields["message"])
+        except (ValueError, KeyError, TypeError):  # a damaged text: DALI's own error stands
+            return None
     return None

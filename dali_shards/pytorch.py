@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -13,7 +13,6 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
-from dali_shards.plan.statecheck import State
 from dali_shards.world import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
 from dali_shards.decode_failure import decode_failure
@@ -63,7 +62,9 @@ class DALIShardedIterator(DALIGenericIterator):
     Each ``next()`` returns a list with one dict, like ``DALIGenericIterator``, from each name of
     ``output_map`` to: a tensor where the output's samples share one shape; a list of per-sample
     tensors where they differ (``ragged="list"``), or one zero-padded tensor with the samples'
-    shapes under ``<name>_shape`` (``ragged="pad"``); a list of ``str`` for the ``__key__`` field
+    shapes under ``<name>_shape`` (``ragged="pad"``), from the first batch whose samples differ on,
+    or from the start for the outputs named in ``ragged_outputs`` (name those that may be ragged, so
+    that every batch has the same types); a list of ``str`` for the ``__key__`` field
     (see ``dali_shards.torch_outputs``). ``dynamic_shape`` and ``prepare_first_batch`` are
     ``DALIGenericIterator``'s (the first is ignored by DALI; the second fetches the first batch
     when the iterator is made). ``epoch`` is the epoch the next batch belongs to.
@@ -78,13 +79,14 @@ class DALIShardedIterator(DALIGenericIterator):
         mask_name: str = "__valid__",
         audit: bool = False,
         ragged: str = "list",
+        ragged_outputs: Sequence[str] = (),
         dynamic_shape: bool = False,
         prepare_first_batch: bool = True,
     ) -> None:
         if keep_padding and mask_name in output_map:
             raise ConfigError(f"mask_name {mask_name!r} clashes with an output name; choose another")
-        BatchOutputs.check(ragged, output_map)
-        self.ragged = ragged
+        BatchOutputs.check(ragged, output_map, ragged_outputs)
+        self.ragged, self.ragged_outputs = ragged, tuple(ragged_outputs)
         self.keep_padding = keep_padding
         self.mask_name = mask_name
         self.audit = audit
@@ -123,7 +125,7 @@ class DALIShardedIterator(DALIGenericIterator):
                 "samples and to audit): do not call pipe.build() before creating it"
             )
         keys = [names[i] for i in self.info.key_outputs if i < len(self._output_names)]
-        self._outputs = BatchOutputs(names, keys, self.ragged)
+        self._outputs = BatchOutputs(names, keys, self.ragged, self.ragged_outputs)
         self._pipeline: Optional[Pipeline] = pipeline
         self._watchdog: Optional[Watchdog] = None
         self._guarded(pipeline.build)  # starts the workers: watch them before the first batch
@@ -160,9 +162,10 @@ class DALIShardedIterator(DALIGenericIterator):
         plan = self.info.plan(self.epoch)
         return plan.steps - plan.start_step
 
-    def state_dict(self) -> State:
-        """Where the epoch stands: a small JSON-able dict, the same on every rank."""
-        return self.info.state(self.epoch, self._step)
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the epoch stands: a small JSON-able dict, the same on every rank (its fields:
+        ``dali_shards.plan.statecheck.State``)."""
+        return cast(Dict[str, Any], self.info.state(self.epoch, self._step))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""

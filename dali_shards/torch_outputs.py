@@ -95,18 +95,25 @@ def _padded_tensors(tensors: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 class BatchOutputs:
     """The conversions above for one iterator: ``names`` its outputs (in order), ``keys`` those that
-    are the ``__key__`` field, ``ragged`` how outputs whose samples differ in shape come."""
+    are the ``__key__`` field, ``ragged`` how outputs whose samples differ in shape come. An output
+    is ragged from the first batch whose samples differ in shape on (its type then stays the same
+    in every later batch), or from the start if it is among ``always`` (``ragged_outputs``)."""
 
-    def __init__(self, names: Sequence[str], keys: Sequence[str] = (), ragged: str = "list"):
-        self.check(ragged, names)
+    def __init__(self, names: Sequence[str], keys: Sequence[str] = (), ragged: str = "list", always: Sequence[str] = ()):
+        self.check(ragged, names, always)
         self.names, self.keys, self.ragged = list(names), set(keys), ragged
+        self.seen_ragged = set(always)
         self.pending: Deque[Dict[str, Any]] = deque()  # converted outputs of the batches in flight
 
     @staticmethod
-    def check(ragged: str, names: Sequence[str]) -> None:
-        """A ConfigError if ``ragged`` is not an option, or (padding) a ``<name>_shape`` is taken."""
+    def check(ragged: str, names: Sequence[str], always: Sequence[str] = ()) -> None:
+        """A ConfigError if ``ragged`` is not an option, ``always`` names an output there is not,
+        or (padding) a ``<name>_shape`` is taken."""
         if ragged not in RAGGED:
             raise ConfigError(f"ragged must be one of {RAGGED}, got {ragged!r}")
+        unknown = [n for n in always if n not in names]
+        if unknown:
+            raise ConfigError(f"ragged_outputs names {unknown}, which are not in output_map {list(names)}")
         taken = [n + SHAPE_SUFFIX for n in names if n + SHAPE_SUFFIX in names]
         if ragged == "pad" and taken:
             raise ConfigError(
@@ -123,7 +130,8 @@ class BatchOutputs:
             out = torch_ready(out, name)
             if name in self.keys:
                 converted[name] = key_strings(out)
-            elif not out.is_dense_tensor():
+            elif name in self.seen_ragged or not out.is_dense_tensor():
+                self.seen_ragged.add(name)
                 converted.update(self._ragged(out, name))
             else:
                 ready.append(out)
@@ -134,8 +142,8 @@ class BatchOutputs:
 
     def finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         """DALI's converted batch with the outputs converted here in their places."""
-        converted = self.pending.popleft() if self.pending else {}
-        batch.update(converted)
+        assert self.pending, "dali_shards internal error: a batch finished that was never prepared"
+        batch.update(self.pending.popleft())
         return batch
 
     def _ragged(self, out: Any, name: str) -> Dict[str, Any]:

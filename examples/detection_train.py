@@ -96,7 +96,8 @@ def make_loader(args, source: str, device_id) -> DALIShardedIterator:
         boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip) * float(size)  # in pixels, as torchvision takes them
         return images, boxes, labels, __key__
 
-    return DALIShardedIterator(detection(), ["images", "boxes", "labels", "keys"])
+    # boxes and labels differ in number per image: lists in every batch, even one where they happen not to
+    return DALIShardedIterator(detection(), ["images", "boxes", "labels", "keys"], ragged_outputs=["boxes", "labels"])
 
 
 def train_epoch(model, optimizer, loader, device, steps: int) -> dict:

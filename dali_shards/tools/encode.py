@@ -23,6 +23,7 @@ Value = Union[bytes, bytearray, memoryview, str, int, float, dict, list, tuple, 
 JSON_EXTENSIONS = ("json", "jsn")
 NPY_EXTENSIONS = ("npy",)
 PICKLE_EXTENSIONS = ("pyd", "pickle")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "tif", "tiff", "webp", "gif")
 
 
 def encode(ext: str, value: Any, key: str = "?") -> bytes:
@@ -37,6 +38,11 @@ def encode(ext: str, value: Any, key: str = "?") -> bytes:
         return pickle.dumps(value)
     if last in JSON_EXTENSIONS or isinstance(value, (dict, list, tuple)):
         return _json(value, key, ext)
+    if isinstance(value, np.ndarray) and last in IMAGE_EXTENSIONS:
+        raise ConfigError(
+            f"sample {key!r}: a numpy array under .{ext} would be stored as .npy bytes, not as an image: encode "
+            "the image yourself (e.g. PIL's Image.save or cv2.imencode) and pass the bytes, or store it as .npy"
+        )
     if last in NPY_EXTENSIONS or isinstance(value, np.ndarray):
         return _npy(value)
     if isinstance(value, (bool, np.bool_)):

@@ -14,8 +14,8 @@ import os
 import tarfile
 from typing import Any, Iterable, List, Mapping, Optional, TypeVar, Union
 
-from dali_shards.catalog.manifest import ShardInfo, write_manifest
-from dali_shards.errors import ConfigError
+from dali_shards.catalog.manifest import ShardInfo, read_manifest, write_manifest
+from dali_shards.errors import ConfigError, DaliShardsError
 from dali_shards.io.tarscan import ShardStats, key_fingerprints
 from dali_shards.tools.encode import Value, encode
 
@@ -153,6 +153,24 @@ def write_shard(path: str, samples: Iterable[SampleData]) -> int:
     return shard.count
 
 
+def kept_entries(path: str, written: List[ShardInfo]) -> List[ShardInfo]:
+    """The entries of the manifest at ``path`` (if any) for shards that still exist and are not
+    among ``written``: a writer adding shards to a folder keeps the others listed (warned)."""
+    if not os.path.exists(path):
+        return []
+    try:
+        listed = read_manifest(path)
+    except DaliShardsError as exc:
+        log.warning("dali_shards: replacing manifest %s, which cannot be read (%s)", path, exc)
+        return []
+    new = {os.path.abspath(i.url) for i in written}
+    kept = [i for i in listed if os.path.abspath(i.url) not in new and os.path.exists(i.url)]
+    if kept:
+        log.warning("dali_shards: %s also lists %d shards this writer did not write (e.g. %s): kept in it; give "
+                    "each dataset its own folder or manifest= path to keep them apart", path, len(kept), kept[0].url)  # fmt: skip
+    return kept
+
+
 class ShardWriter(_Closing):
     """Writes samples into numbered shards, as webdataset's ``ShardWriter`` does, and their manifest.
 
@@ -218,7 +236,8 @@ class ShardWriter(_Closing):
         self.counts[-1] += 1
 
     def close(self) -> None:
-        """End the last shard and write the manifest (unless ``manifest=False``)."""
+        """End the last shard and write the manifest (unless ``manifest=False``). Shards an
+        existing manifest there lists, and this writer did not rewrite, stay in it (warned)."""
         if self._closed:
             return
         self._end_shard()
@@ -227,8 +246,16 @@ class ShardWriter(_Closing):
             path = self.manifest if isinstance(self.manifest, str) else os.path.join(
                 os.path.dirname(os.path.abspath(self.pattern)), MANIFEST_NAME
             )  # fmt: skip
-            write_manifest(path, self._infos)
+            write_manifest(path, kept_entries(path, self._infos) + self._infos)
             self.manifest_path = path
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self.close()
+            return
+        self._end_shard()  # the shards are closed, but a manifest would call a broken write complete
+        self._closed = True
+        log.warning("dali_shards: ShardWriter(%r) left by an exception: no manifest written", self.pattern)
 
     def _end_shard(self) -> None:
         if self._shard is not None:

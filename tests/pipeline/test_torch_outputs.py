@@ -112,3 +112,32 @@ def test_load_state_dict_keeps_keys_as_strings(ragged_shards):
     it.load_state_dict(state)
     (batch,) = next(it)
     assert all(isinstance(k, str) for k in batch["key"])
+
+
+def test_an_output_keeps_its_type_once_ragged_and_named_ones_from_the_start():
+    from nvidia.dali.tensors import TensorListCPU
+
+    from dali_shards.torch_outputs import BatchOutputs
+
+    dense = TensorListCPU(np.zeros((2, 1, 4), np.float32))
+    ragged = TensorListCPU([np.zeros((1, 4), np.float32), np.zeros((2, 4), np.float32)])
+    seen = BatchOutputs(["boxes"], ragged="pad")
+    named = BatchOutputs(["boxes"], ragged="pad", always=["boxes"])
+    for outs, batch in ((seen, {}), (named, {})):
+        outs.prepare([dense])
+        outs.finish(batch)
+    assert "boxes_shape" not in seen.pending and named.seen_ragged == {"boxes"}
+    results = []
+    for batch_outs in ([dense], [ragged], [dense]):
+        got, named_got = {}, {}
+        seen.prepare(batch_outs)
+        seen.finish(got)
+        results.append(got)
+        named.prepare(batch_outs)
+        named.finish(named_got)
+        assert "boxes_shape" in named_got, "a named output is padded in every batch"
+    assert results[0] == {}, "dense until its first ragged batch (DALI's own tensor)"
+    for got in results[1:]:  # from the first ragged batch on: padded, with shapes, dense batches too
+        assert got["boxes"].shape[0] == 2 and got["boxes_shape"].shape == (2, 2)
+    with pytest.raises(ConfigError, match="ragged_outputs names"):
+        BatchOutputs(["boxes"], always=["box"])

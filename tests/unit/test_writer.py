@@ -73,3 +73,30 @@ def test_help_documents_write_paths_and_counts():
     text = pydoc.render_doc(ShardWriter, renderer=pydoc.plaintext)
     for word in ("write(sample)", "paths", "counts", "manifest", "np.ndarray"):
         assert word in text
+
+
+def test_a_second_writer_in_the_folder_keeps_the_shards_it_did_not_write(tmp_path, caplog):
+    with ShardWriter(str(tmp_path / "s-%03d.tar"), max_count=2) as first:
+        for i in range(4):
+            first.write({"__key__": f"a{i}", "txt": "x"})
+    with ShardWriter(str(tmp_path / "s-%03d.tar"), max_count=2, start=2) as second:
+        for i in range(3):
+            second.write({"__key__": f"b{i}", "txt": "x"})
+    listed = read_manifest(str(tmp_path / "manifest.json"))
+    assert [os.path.basename(s.url) for s in listed] == ["s-000.tar", "s-001.tar", "s-002.tar", "s-003.tar"]
+    assert [s.samples for s in listed] == [2, 2, 2, 1]
+    assert "lists 2 shards this writer did not write" in caplog.text
+
+
+def test_no_manifest_when_the_with_block_raises(tmp_path, caplog):
+    with pytest.raises(RuntimeError):
+        with ShardWriter(str(tmp_path / "s-%d.tar")) as writer:
+            writer.write({"__key__": "k", "txt": "x"})
+            raise RuntimeError("the source failed")
+    assert os.path.exists(writer.paths[0]) and not (tmp_path / "manifest.json").exists()
+    assert "no manifest written" in caplog.text
+
+
+def test_an_array_under_an_image_extension_is_refused():
+    with pytest.raises(ConfigError, match=r"sample 'k': a numpy array under \.jpg .*encode the image yourself"):
+        encode("jpg", np.zeros((4, 4, 3), np.uint8), "k")

@@ -3,7 +3,7 @@ the worker process of its pool and iterates it there once per epoch; each batch 
 arrays long, the same size as every other worker's batch, and only this worker's slice
 ``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples (its mini-batch), one padding
 slot its table (table layout, see ``worker/layout.py``), the other slots an empty dummy. A worker's
-error reaches the main process through DALI's text of it, pickled (``errors.carry``). Imports no
+error reaches the main process in DALI's text of it, as data (``errors.carry``). Imports no
 DALI."""
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ def padded(out: Any) -> Dict[str, torch.Tensor]:
     dtype = arrays[0].dtype if arrays else np.uint8
     batch = np.zeros((len(arrays), *top.tolist()), dtype=dtype)
     for i, a in enumerate(arrays):
-        batch[(i, *[slice(0, d) for d in a.shape])] = a
+        where: Tuple[Any, ...] = (i, *[slice(0, d) for d in a.shape])
+        batch[where] = a
     return {"": torch.from_numpy(batch), SHAPE_SUFFIX: torch.from_numpy(shapes)}
 
 

@@ -71,7 +71,7 @@ def _bytes_field(minis: Sequence[Any], rows: np.ndarray, spec: FieldSpec, wrap: 
         dense = _dense(minis, spec.slot, n, len(rows))
         if spec.kind != FieldKind.ARRAY:
             return dense
-        assert shapes is not None  # an array's
+        assert shapes is not None and spec.dtype is not None  # an array's
         return dense.view(spec.dtype).reshape((len(rows), *[int(d) for d in shapes[0]]) if spec.ndim else len(rows))
     if spec.kind != FieldKind.ARRAY:
         return [wrap(b) for m in minis for b in _pieces(m, spec.slot)]
@@ -100,6 +100,7 @@ def _pieces(mini: Any, slot: int) -> List[np.ndarray]:
 
 
 def _as_array(data: np.ndarray, row: np.ndarray, spec: FieldSpec) -> np.ndarray:
+    assert spec.dtype is not None  # an array's
     typed = data.view(spec.dtype)
     if spec.ndim == 1:
         return typed

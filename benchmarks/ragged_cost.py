@@ -52,6 +52,10 @@ def cases(batch: int):
     as_pad = BatchOutputs(["boxes", "labels"], ragged="pad")
     as_keys = BatchOutputs(["keys"], keys=["keys"])
 
+    def converted(outs: BatchOutputs, batch: list) -> None:
+        outs.prepare(batch)
+        outs.finish({})
+
     def dali_dense():
         tensor = dense.as_tensor()
         out = torch.empty(tensor.shape(), dtype=torch.float32)
@@ -59,9 +63,9 @@ def cases(batch: int):
 
     return {
         "dense (DALI's own copy, (B, 19, 4) float32)": dali_dense,
-        "ragged='list': boxes + labels": lambda: as_list.finish({}) if as_list.prepare([boxes, labels]) else None,
-        "ragged='pad': boxes + labels (+ shapes)": lambda: as_pad.finish({}) if as_pad.prepare([boxes, labels]) else None,
-        "__key__ as str": lambda: as_keys.finish({}) if as_keys.prepare([keys]) else None,
+        "ragged='list': boxes + labels": lambda: converted(as_list, [boxes, labels]),
+        "ragged='pad': boxes + labels (+ shapes)": lambda: converted(as_pad, [boxes, labels]),
+        "__key__ as str": lambda: converted(as_keys, [keys]),
     }
 
 

@@ -17,7 +17,7 @@ put into the batch DALI's iterator returns (``finish``), in the same order.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Dict, List, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -70,28 +70,24 @@ def per_sample(out: Any) -> List[torch.Tensor]:
 
 def padded(out: Any) -> Dict[str, torch.Tensor]:
     """An output's samples zero-padded to the largest shape, and each sample's shape."""
-    if not isinstance(out, TensorListCPU):
-        return _padded_tensors(per_sample(out))
-    arrays = [np.asarray(t) for t in out]  # type: ignore[attr-defined]  # DALI: iterable by __getitem__, no __iter__
-    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(len(arrays), -1)
-    top = shapes.max(axis=0) if len(arrays) else np.zeros(0, np.int64)
-    dtype = arrays[0].dtype if arrays else np.uint8
-    batch = np.zeros((len(arrays), *top.tolist()), dtype=dtype)
-    for i, a in enumerate(arrays):
+    cpu = isinstance(out, TensorListCPU)
+    items: List[Any] = [np.asarray(t) for t in out] if cpu else per_sample(out)
+    shapes = np.array([list(a.shape) for a in items], dtype=np.int64).reshape(len(items), -1)
+    size = (len(items), *(shapes.max(axis=0).tolist() if len(items) else []))
+    if cpu:  # filled with NumPy, then one tensor over it
+        filled = _fill(np.zeros(size, dtype=items[0].dtype if items else np.uint8), items)
+        return {"": torch.from_numpy(filled), SHAPE_SUFFIX: torch.from_numpy(shapes)}
+    first = items[0] if items else torch.empty(0)
+    batch = _fill(torch.zeros(size, dtype=first.dtype, device=first.device), items)
+    return {"": batch, SHAPE_SUFFIX: torch.from_numpy(shapes).to(first.device)}
+
+
+def _fill(batch: Any, items: Sequence[Any]) -> Any:
+    """``batch`` (NumPy or torch) with each item copied into the start of its row."""
+    for i, a in enumerate(items):
         where: Tuple[Any, ...] = (i, *[slice(0, d) for d in a.shape])
         batch[where] = a
-    return {"": torch.from_numpy(batch), SHAPE_SUFFIX: torch.from_numpy(shapes)}
-
-
-def _padded_tensors(tensors: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
-    shapes = torch.tensor([list(t.shape) for t in tensors], dtype=torch.int64).reshape(len(tensors), -1)
-    top = shapes.max(dim=0).values.tolist() if len(tensors) else []
-    first = tensors[0] if tensors else torch.empty(0)
-    batch = torch.zeros((len(tensors), *top), dtype=first.dtype, device=first.device)
-    for i, t in enumerate(tensors):
-        where: Tuple[Union[int, slice], ...] = (i, *[slice(0, d) for d in t.shape])
-        batch[where] = t
-    return {"": batch, SHAPE_SUFFIX: shapes.to(first.device)}
+    return batch
 
 
 class BatchOutputs:

@@ -18,12 +18,12 @@ from typing import Any, Union
 import numpy as np
 
 from dali_shards.errors import ConfigError
+from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS
 
 Value = Union[bytes, bytearray, memoryview, str, int, float, dict, list, tuple, np.ndarray, np.generic]
 JSON_EXTENSIONS = ("json", "jsn")
 NPY_EXTENSIONS = ("npy",)
 PICKLE_EXTENSIONS = ("pyd", "pickle")
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "bmp", "tif", "tiff", "webp", "gif")
 
 
 def encode(ext: str, value: Any, key: str = "?") -> bytes:

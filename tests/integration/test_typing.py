@@ -15,7 +15,7 @@ TYPING = os.path.join(ROOT, "tests", "typing")
 
 
 def mypy(name, tmp_path):
-    config = open(os.path.join(TYPING, "mypy.ini")).read().replace("/tmp/dali-shards-mypy-cache", str(tmp_path))
+    config = open(os.path.join(TYPING, "mypy.ini")).read().replace(".mypy_cache/typing", str(tmp_path))
     (tmp_path / "mypy.ini").write_text(config)
     env = dict(os.environ, MYPYPATH=ROOT)
     args = [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), os.path.join(TYPING, name)]

@@ -48,8 +48,8 @@ def per_batch(convert, reps: int) -> float:
 
 def cases(batch: int):
     boxes, labels, keys, dense = batch_outputs(batch)
-    as_list = BatchOutputs(["boxes", "labels"], ragged="list")
-    as_pad = BatchOutputs(["boxes", "labels"], ragged="pad")
+    as_list = BatchOutputs(["boxes", "labels"], ragged="list", always=["boxes", "labels"])
+    as_pad = BatchOutputs(["boxes", "labels"], ragged="pad", always=["boxes", "labels"])
     as_keys = BatchOutputs(["keys"], keys=["keys"])
 
     def converted(outs: BatchOutputs, batch: list) -> None:

@@ -11,6 +11,7 @@ from dali_shards.errors import (
     ConfigError,
     DaliShardsError,
     EmptyDatasetError,
+    RaggedOutputError,
     ShardAccessError,
     ShardMapError,
     ShardError,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # imported when first used (they import DALI); type checkers 
     from dali_shards.setup.info import ShardedPipelineInfo
 
 __version__ = "0.1.0"
-StorageConfig = StorageOptions  # the name before 0.2
+StorageConfig = StorageOptions  # an earlier name of StorageOptions, kept as an alias
 
 _LAZY = {
     "sharded_pipeline": "pipeline.decorator",
@@ -78,6 +79,7 @@ __all__ = [
     "DaliShardsError",
     "ConfigError",
     "EmptyDatasetError",
+    "RaggedOutputError",
     "ShardError",
     "ShardFormatError",
     "ShardAccessError",

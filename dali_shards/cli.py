@@ -3,29 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
-from dali_shards.errors import ConfigError, DaliShardsError
+from dali_shards import __version__
+from dali_shards.errors import ConfigError, DaliShardsError, ShardAccessError
 from dali_shards.options import option_default
 from dali_shards.tools.plan_report import plan_summary
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shard, write_manifest
 from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote
-from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, is_manifest, resolve_source
+from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, folder_manifest, is_manifest, resolve_source
+from dali_shards.io.storage import local_path
 from dali_shards.tools.write_command import add_write_command, human_size, parse_size  # noqa: F401 - parse_size: API
 
+
 def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None) -> List[str]:
-    """Shard URLs of patterns, globs, directories and manifests (read, not scanned)."""
+    """Shard URLs of patterns, globs, directories and manifests (listed, not scanned), a directory
+    read as pipelines read it (``folder_manifest``: the shards its manifest.json lists, if any); a
+    local shard given (not listed) that does not exist is an error naming it."""
     config = config or StorageOptions()
-    urls = [
-        u
-        for p in patterns
-        for u in ([s.url for s in read_manifest(p, config)] if is_manifest(p) else expand_pattern(p, config))
-    ]
+    urls: List[str] = []
+    missing: List[str] = []
+    for p in patterns:
+        folder = folder_manifest(p)
+        if folder is not None or is_manifest(p):
+            urls += [s.url for s in (folder[1] if folder is not None else read_manifest(p, config))]
+            continue
+        matched = expand_pattern(p, config)
+        missing += [u for u in matched if (path := local_path(u)) is not None and not os.path.exists(path)]
+        urls += matched
+    if missing:
+        more = f" ({len(missing)} of the shards given are missing, the last {missing[-1]!r})" if missing[1:] else ""
+        raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
     if not urls:
         raise ConfigError("no shards given")
     return urls
@@ -33,15 +48,16 @@ def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None
 
 def _storage(args: argparse.Namespace) -> StorageOptions:
     text = getattr(args, "storage_options", None)
+    foreign = bool(getattr(args, "manifest_foreign_urls", False))
     if not text:
-        return StorageOptions()
+        return StorageOptions(manifest_foreign_urls=foreign)
     try:
         options = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"--storage-options is not JSON: {exc}") from None
     if not isinstance(options, dict):
         raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
-    return StorageOptions(storage_options=options)
+    return StorageOptions(storage_options=options, manifest_foreign_urls=foreign)
 
 
 def _add_storage_option(p: argparse.ArgumentParser) -> None:
@@ -50,6 +66,11 @@ def _add_storage_option(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='fsspec options for remote URLs, e.g. \'{"endpoint_url": "http://localhost:9000"}\' '
         "(the AWS_*/GOOGLE_* environment applies too)",
+    )
+    p.add_argument(
+        "--manifest-foreign-urls",
+        action="store_true",
+        help="read shards a remote manifest lists on another server or bucket, or locally (refused by default)",
     )
 
 
@@ -99,7 +120,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 # -- inspect ------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from dali_shards.tools.inspect import inspect_shards
+    from dali_shards.tools.inspect import inspect_shards, print_report
 
     config = _storage(args)
     report = inspect_shards(
@@ -107,47 +128,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps(report, indent=1))
-        return 1 if report["unreadable_shards"] else 0
-    print(f"{report['shards']} shards, {report['samples']} samples, {human_size(report['bytes'])}")
-    counts = [s["samples"] for s in report["per_shard"] if not s["error"]]  # unreadable shards count nothing
-    bad = len(report["unreadable_shards"])
-    if counts or bad:
-        spread = f"min {min(counts)}, max {max(counts)}, " if counts else ""
-        print(f"samples per readable shard: {spread}empty {len(report['empty_shards'])}, unreadable {bad}")
-    print(f"{'field':12} {'samples':>9} {'missing':>8} {'size min / p50 / p90 / p99 / max':>40}")
-    for ext, f in report["fields"].items():
-        sizes = " / ".join(human_size(v) for v in f["size_min_p50_p90_p99_max"])
-        print(f"{ext:12} {f['samples']:>9} {f['missing']:>8} {sizes:>40}")
-        if f["missing_examples"]:
-            print(f"{'':12} e.g. missing in: {', '.join(f['missing_examples'])}")
-    print(
-        f"duplicate keys: {report['duplicate_keys']}"
-        + "".join(f"\n  {d['key']!r} in {d['shards'][0]} and {d['shards'][1]}" for d in report["duplicate_examples"])
-    )
-    if report["duplicate_members"]:
-        print(
-            f"duplicate members within a sample: {report['duplicate_members']}, "
-            f"e.g. {', '.join(report['duplicate_member_examples'])}"
-        )
-    _print_labels(report["labels"])
-    for bad in report["unreadable_shards"]:
-        print(f"unreadable: {bad['error']}")
+    else:
+        print_report(report)
     return 1 if report["unreadable_shards"] else 0
-
-
-def _print_labels(labels: Optional[dict]) -> None:
-    if labels is None:
-        return
-    print(
-        f"labels (.cls): {labels['classes']} classes; a shard holds {labels['mean_distinct_per_shard']} on "
-        f"average, {labels['expected_if_mixed']} if its samples were mixed at random (ratio {labels['ratio']})"
-    )
-    if labels["class_sorted"]:
-        print(
-            "warning: the shards look class-sorted: batches will see few classes. Rewrite them mixed "
-            "(`dali-shards write` shuffles by default)",
-            file=sys.stderr,
-        )
 
 
 # -- plan ---------------------------------------------------------------------------------
@@ -191,10 +174,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 # -- main ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``dali-shards`` parser: its subcommands, and suggestions for mistyped ones and options."""
+    parser = _Parser(
         prog="dali-shards",
         description="Write, index, inspect and plan WebDataset-style tar shards for dali_shards.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}", help="print the version")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     add_write_command(sub)
@@ -207,17 +192,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_scan_options(p)
     p = _shards_parser(sub, "plan", cmd_plan)
-    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
     p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
-    p.add_argument("--batch-size", type=int, required=True, help="per rank")
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=option_default("seed"))
-    p.add_argument("--shuffle", action="store_true")
-    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"))
-    p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"))
+    p.add_argument("--batch-size", type=int, required=True, help="samples per batch, per rank")
+    p.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
+    p.add_argument("--seed", type=int, default=option_default("seed"), help="shuffle seed (default %(default)s)")
+    p.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch (shuffle=True)")
+    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"),
+                   help="pad: every sample once, the last batches padded; drop: whole batches only "
+                   "(default %(default)s)")  # fmt: skip
+    p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"),
+                   help="samples each worker holds for its buffer shuffle (default %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_storage_option(p)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that names the nearest option, or command, for a mistyped one."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
+    ) -> Tuple[argparse.Namespace, List[str]]:
+        """Parse as argparse does, once every option (and the command) is a known one."""
+        argv = sys.argv[1:] if args is None else list(args)
+        self._check_names(argv)
+        return super().parse_known_args(argv, namespace)
+
+    def _check_names(self, args: List[str]) -> None:
+        """Exit with a suggestion at the first unknown option (and, for the main parser, command)."""
+        options = [o for a in self._actions for o in a.option_strings]
+        commands = [c for a in self._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+        for token in args:
+            if token == "--":
+                return
+            if not token.startswith("-") or token == "-" or " " in token or _NUMBER.match(token):
+                if not commands:
+                    continue  # a value: this parser's options were checked up to the command
+                if token not in commands:
+                    choices = ", ".join(map(repr, commands))
+                    near = _near(token, commands)
+                    self.error(f"argument COMMAND: invalid choice: {token!r} (choose from {choices}){near}")
+                return
+            name = token.split("=", 1)[0]
+            if not any(o.startswith(name) for o in options):  # argparse takes unambiguous prefixes too
+                self.error(f"unrecognized arguments: {name}{_near(name, options)}")
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not options
+
+
+def _near(name: str, known: Sequence[str]) -> str:
+    """``: did you mean X?`` for the known name nearest a mistyped one, if any is near."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f": did you mean {close[0]}?" if close else ""
 
 
 _SHARD_COMMANDS = {  # name: (help, description)
@@ -231,7 +259,8 @@ _SHARD_COMMANDS = {  # name: (help, description)
     "inspect": (
         "shards, samples, fields, sizes, missing fields, duplicate keys",
         "Summarise shards from their tar headers: samples per shard, fields and their counts, size percentiles, "
-        "samples missing a field, duplicate keys. Exits 1 if a shard cannot be read.",
+        "samples missing a field, duplicate keys. Exits 1 if a shard cannot be read, 2 if a shard given does not "
+        "exist.",
     ),
     "plan": (
         "who reads which shards, steps per rank, padding and dropped samples",
@@ -245,15 +274,30 @@ def _shards_parser(sub, name: str, run) -> argparse.ArgumentParser:
     """A subcommand over shards given as patterns."""
     help_, description = _SHARD_COMMANDS[name]
     p = sub.add_parser(name, help=help_, description=description)
-    p.add_argument("patterns", nargs="+", help="shards: brace patterns, globs, directories, paths or a manifest")
+    p.add_argument(
+        "patterns",
+        nargs="+",
+        help="shards: brace patterns, globs, paths, manifests, or directories (read as pipelines read them: the "
+        "shards their manifest.json lists, else their tar files)",
+    )
     p.set_defaults(run=run)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``dali-shards`` with ``argv`` (default: the command line); returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a reader gone (``| head``) is met here, not at exit
+        return code
+    except BrokenPipeError:
+        # Python's recipe: what is left for stdout goes to devnull, so the exit flush cannot fail too
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # a stdout that is not a file (e.g. captured)
+            pass
+        return 128 + 13  # as a command ended by SIGPIPE
     except (DaliShardsError, OSError) as exc:
         print(f"dali-shards {args.command}: error: {exc}", file=sys.stderr)
         return 2

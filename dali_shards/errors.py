@@ -26,6 +26,11 @@ class EmptyDatasetError(ConfigError):
     """The shards hold no samples (or too few for even one batch with ``last_batch="drop"``)."""
 
 
+class RaggedOutputError(ConfigError):
+    """An output taken as one dense tensor per batch has samples of different shapes (declare it
+    in ``DALIShardedIterator(ragged_outputs=...)``)."""
+
+
 class ShardError(DaliShardsError):
     """A shard, or a sample in it, cannot be used as asked.
 

@@ -8,9 +8,12 @@ keeps the names in step with both. Options given as enums also take their values
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, TypedDict, Union
 
 from dali_shards.options import ImageCheck, LastBatch, OnError, StaleManifest, Transfer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Fields = Union[str, Sequence[str]]
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -51,6 +54,7 @@ class ShardedKeywords(TypedDict, total=False):
     request_timeout: float
     cache_dir: Optional[str]
     cache_limit: Optional[int]
+    manifest_foreign_urls: bool
     # DALI's Pipeline parameters
     num_threads: Optional[int]
     device_id: Optional[int]
@@ -74,3 +78,12 @@ class ShardedKeywords(TypedDict, total=False):
     stream_policy: Any
     concurrency: Any
     enable_conditionals: bool
+
+
+class PipelineFactory(Protocol):
+    """What ``@sharded_pipeline`` makes of a graph function: each call makes a pipeline. Keywords
+    override the decorator's options and DALI parameters (type checkers check their names and
+    types); positional arguments go to the function's own parameters after the fields (keywords
+    naming them work too, unchecked: type checkers see only the options)."""
+
+    def __call__(self, *args: Any, **overrides: Unpack[ShardedKeywords]) -> Any: ...

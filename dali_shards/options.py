@@ -122,7 +122,9 @@ class StorageOptions:
     ``max_backoff``; ``request_timeout`` is the longest wait for bytes over HTTP and the longest
     request elsewhere. ``read_window`` bounds the bytes of remote shards a worker holds (fetched
     ahead or in flight) when it reads pieces of many shards at once (the interleaved shuffle). ``cache_dir`` keeps completely read remote shards on local disk, evicting
-    the least recently used beyond ``cache_limit`` bytes (None: no limit).
+    the least recently used beyond ``cache_limit`` bytes (None: no limit). A remote manifest's
+    entries must lie on its own server or bucket (same scheme and host or bucket: never local
+    files) unless ``manifest_foreign_urls`` is True.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -136,6 +138,7 @@ class StorageOptions:
     request_timeout: float = 60.0
     cache_dir: Optional[str] = None
     cache_limit: Optional[int] = None
+    manifest_foreign_urls: bool = False
 
     def __post_init__(self) -> None:
         opts = self.storage_options
@@ -161,6 +164,7 @@ class StorageOptions:
         set_("cache_limit", _int("cache_limit", self.cache_limit, 0, optional=True))
         if self.cache_limit is not None and self.cache_dir is None:
             raise ConfigError(f"cache_limit={self.cache_limit!r} needs cache_dir: say where the cache is")
+        set_("manifest_foreign_urls", _flag("manifest_foreign_urls", self.manifest_foreign_urls))
 
     def options_for(self, protocol: str) -> Dict[str, Any]:
         """The fsspec options for one protocol."""
@@ -313,7 +317,7 @@ def option_default(name: str) -> Any:
 
 
 STORAGE_KEYWORDS: Tuple[str, ...] = ("storage_options", "read_ahead", "read_window", "retries", "request_timeout",
-                                     "cache_dir", "cache_limit")
+                                     "cache_dir", "cache_limit", "manifest_foreign_urls")
 OPTION_KEYWORDS: Tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(ShardedOptions) if f.name != "storage"
 ) + STORAGE_KEYWORDS

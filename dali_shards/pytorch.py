@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence, cast
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -23,6 +23,20 @@ from dali_shards.torch_outputs import BatchOutputs, device_of, select
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
+
+
+def check_output_map(names: Sequence[str], outputs: int) -> None:
+    """A ConfigError unless ``names`` gives one distinct name to each of the pipeline's ``outputs``."""
+    if len(names) != outputs:
+        raise ConfigError(
+            f"output_map has {len(names)} name{'s' * (len(names) != 1)} ({list(names)}) but the pipeline "
+            f"function returns {outputs} output{'s' * (outputs != 1)}: give one name per returned output, in order"
+        )
+    repeated = sorted({n for n in names if list(names).count(n) > 1})
+    if repeated:
+        raise ConfigError(f"output_map names {repeated} more than once: each output needs its own name")
+    if STATUS_OUTPUT in names:
+        raise ConfigError(f"output_map may not use {STATUS_OUTPUT!r}: the iterator's own output has that name")
 
 
 class DALIShardedIterator(DALIGenericIterator):
@@ -60,11 +74,14 @@ class DALIShardedIterator(DALIGenericIterator):
     The iterator adds one small output to the pipeline (each slot's index and status) when it
     builds it, to see padding and skipped samples; hand it a pipeline that is not built yet.
     Each ``next()`` returns a list with one dict, like ``DALIGenericIterator``, from each name of
-    ``output_map`` to: a tensor where the output's samples share one shape; a list of per-sample
-    tensors where they differ (``ragged="list"``), or one zero-padded tensor with the samples'
-    shapes under ``<name>_shape`` (``ragged="pad"``), from the first batch whose samples differ on,
-    or from the start for the outputs named in ``ragged_outputs`` (name those that may be ragged, so
-    that every batch has the same types); a list of ``str`` for the ``__key__`` field
+    ``output_map`` (one name per output of the pipeline function, in order) to: for a *ragged*
+    output, a list of per-sample tensors (``ragged="list"``) or one zero-padded tensor with the
+    samples' shapes under ``<name>_shape`` (``ragged="pad"``); a list of ``str`` for the
+    ``__key__`` field; one tensor for every other output. Each output's type is the same in every
+    batch: the ragged outputs are those named in ``ragged_outputs``, or where it is None, the bytes
+    fields the function returns as they come (a member's, a ``map``'s bytes). Every other output is
+    dense (arrays from ``.npy`` members or a ``map`` too: name those that vary, such as boxes); one
+    whose samples turn out to differ in shape is a ``RaggedOutputError`` saying how to declare it
     (see ``dali_shards.torch_outputs``). ``dynamic_shape`` and ``prepare_first_batch`` are
     ``DALIGenericIterator``'s (the first is ignored by DALI; the second fetches the first batch
     when the iterator is made). ``epoch`` is the epoch the next batch belongs to.
@@ -78,15 +95,16 @@ class DALIShardedIterator(DALIGenericIterator):
         keep_padding: bool = False,
         mask_name: str = "__valid__",
         audit: bool = False,
-        ragged: str = "list",
-        ragged_outputs: Sequence[str] = (),
+        ragged: Literal["list", "pad"] = "list",
+        ragged_outputs: Optional[Sequence[str]] = None,
         dynamic_shape: bool = False,
         prepare_first_batch: bool = True,
     ) -> None:
         if keep_padding and mask_name in output_map:
             raise ConfigError(f"mask_name {mask_name!r} clashes with an output name; choose another")
-        BatchOutputs.check(ragged, output_map, ragged_outputs)
-        self.ragged, self.ragged_outputs = ragged, tuple(ragged_outputs)
+        BatchOutputs.check(ragged, output_map, ragged_outputs or ())
+        self.ragged = ragged
+        self.ragged_outputs = None if ragged_outputs is None else tuple(ragged_outputs)
         self.keep_padding = keep_padding
         self.mask_name = mask_name
         self.audit = audit
@@ -99,6 +117,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     def _attach(self, pipeline: Pipeline) -> None:
         self.info = pipeline_info(pipeline)
+        check_output_map(self._output_names, len(self.info.outputs))
         if getattr(pipeline, "_dali_shards_iterated", False):
             raise ConfigError(
                 "this pipeline already feeds a DALIShardedIterator: a pipeline has one consumer. Make another "
@@ -124,8 +143,11 @@ class DALIShardedIterator(DALIGenericIterator):
                 "DALIShardedIterator needs to build the pipeline itself (it adds an output to see skipped "
                 "samples and to audit): do not call pipe.build() before creating it"
             )
-        keys = [names[i] for i in self.info.key_outputs if i < len(self._output_names)]
-        self._outputs = BatchOutputs(names, keys, self.ragged, self.ragged_outputs)
+        keys = [names[i] for i in self.info.key_outputs]
+        ragged = self.ragged_outputs
+        if ragged is None:  # the outputs that may vary, as the pipeline function passes them on
+            ragged = tuple(names[i] for i in self.info.varying_outputs)
+        self._outputs = BatchOutputs(names, keys, self.ragged, ragged)
         self._pipeline: Optional[Pipeline] = pipeline
         self._watchdog: Optional[Watchdog] = None
         self._guarded(pipeline.build)  # starts the workers: watch them before the first batch

@@ -1,10 +1,14 @@
 """Pipeline outputs made fit for PyTorch, batch by batch, for ``DALIShardedIterator``.
 
-- An output whose samples differ in shape (boxes from a ``map``, text bytes, keys of different
-  lengths) cannot be one tensor. It comes as a list of per-sample tensors on the pipeline's device
+- An output whose samples may differ in shape (boxes from a ``map``, text bytes) cannot be one
+  tensor. A *ragged* output comes as a list of per-sample tensors on the pipeline's device
   (``ragged="list"``, the default), or padded with zeros into one tensor of the largest shape, with
   each sample's shape beside it under ``<name>_shape`` (``ragged="pad"``, an int64 ``(batch, ndim)``
-  tensor). Dense outputs stay dense tensors.
+  tensor), in every batch. Which outputs are ragged is fixed before the first batch: those named in
+  ``ragged_outputs``, or where it is not given, the bytes fields passed through unchanged (a
+  member's bytes, a ``map``'s bytes outputs). Every other output is one dense tensor per batch
+  (arrays too: fixed-size features are the common case); one whose samples turn out to differ in
+  shape is a ``RaggedOutputError`` saying how to declare it.
 - An output that is the ``__key__`` field comes as a list of ``str``.
 - DALI's PyTorch plugin has no tensor type for uint16, uint32 and uint64: such an output is widened
   to a type that holds its values (int32, int64, int64).
@@ -25,7 +29,7 @@ from nvidia.dali import types
 from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
 from nvidia.dali.tensors import TensorListCPU, TensorListGPU
 
-from dali_shards.errors import ConfigError
+from dali_shards.errors import ConfigError, RaggedOutputError
 
 # unsigned types PyTorch's DALI plugin has no tensor type for, and the type that holds their values
 WIDENED = {types.DALIDataType.UINT16: np.int32, types.DALIDataType.UINT32: np.int64, types.DALIDataType.UINT64: np.int64}
@@ -92,14 +96,14 @@ def _fill(batch: Any, items: Sequence[Any]) -> Any:
 
 class BatchOutputs:
     """The conversions above for one iterator: ``names`` its outputs (in order), ``keys`` those that
-    are the ``__key__`` field, ``ragged`` how outputs whose samples differ in shape come. An output
-    is ragged from the first batch whose samples differ in shape on (its type then stays the same
-    in every later batch), or from the start if it is among ``always`` (``ragged_outputs``)."""
+    are the ``__key__`` field, ``ragged`` how ragged outputs come, ``always`` the ragged outputs (the
+    rest are dense in every batch)."""
 
     def __init__(self, names: Sequence[str], keys: Sequence[str] = (), ragged: str = "list", always: Sequence[str] = ()):
         self.check(ragged, names, always)
         self.names, self.keys, self.ragged = list(names), set(keys), ragged
-        self.seen_ragged = set(always)
+        self.ragged_names = set(always) - self.keys
+        self.batches = 0
         self.pending: Deque[Dict[str, Any]] = deque()  # converted outputs of the batches in flight
 
     @staticmethod
@@ -127,15 +131,28 @@ class BatchOutputs:
             out = torch_ready(out, name)
             if name in self.keys:
                 converted[name] = key_strings(out)
-            elif name in self.seen_ragged or not out.is_dense_tensor():
-                self.seen_ragged.add(name)
+            elif name in self.ragged_names:
                 converted.update(self._ragged(out, name))
-            else:
+            elif out.is_dense_tensor():
                 ready.append(out)
                 continue
+            else:
+                raise self._undeclared(out, name)
             ready.append(TensorListCPU(np.zeros((len(out), 0), dtype=np.uint8)))
         self.pending.append(converted)
+        self.batches += 1
         return ready
+
+    def _undeclared(self, out: Any, name: str) -> RaggedOutputError:
+        shapes = list(dict.fromkeys(tuple(s) for s in out.shape()))[:2]
+        declared = sorted(self.ragged_names | {name})
+        return RaggedOutputError(
+            f"output {name!r} has samples of different shapes ({shapes[0]} and {shapes[1]}, in batch "
+            f"{self.batches + 1} of this iterator) but is taken as one dense tensor per batch: declare it ragged with "
+            f"DALIShardedIterator(..., ragged_outputs={declared}) to get it as "
+            + ("a list of per-sample tensors" if self.ragged == "list" else f"a padded tensor with {name}{SHAPE_SUFFIX}")
+            + " in every batch, or give its samples one shape in the pipeline function (e.g. fn.resize)"
+        )
 
     def finish(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         """DALI's converted batch with the outputs converted here in their places."""

@@ -14,17 +14,21 @@ lies, so that a worker can read any run of samples with one positioned or ranged
 where the next sample's begin (the last sample's: to the end-of-archive marker); the first sample
 begins at byte 0. ``key_crc32`` (optional) holds each sample's key fingerprint, the CRC-32 of its
 key, as the base64 of little-endian uint32s: a worker that reads a sample checks its key against
-it, so that a shard rewritten with other samples at the same places (same size) is caught. Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
-``bytes`` an integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or
-absent, ``sample_blocks`` one positive integer per sample that fit in ``bytes``, or absent,
-``key_crc32`` one fingerprint per sample, or absent, ``version`` an integer), and a shard listed twice is refused, each with a ``ConfigError`` naming
-the manifest, the entry and the field. Version 1 manifests (without ``sample_blocks``) are read.
+it, so that a shard rewritten with other samples at the same places (same size) is caught.
+
+Every field is checked when read (``url`` a string, ``samples`` an integer >= 0, ``bytes`` an
+integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
+``sample_blocks`` one positive integer per sample that fit in ``bytes`` with the end-of-archive
+block, or absent, ``key_crc32`` one fingerprint per sample, or absent, ``version`` an integer; the
+counts and sizes within what a shard can hold: ``catalog.entries``), and a shard listed twice is
+refused, each with a ``ConfigError`` naming the manifest, the entry and the field. A remote
+manifest's entries must lie on its own server or bucket unless ``manifest_foreign_urls=True``
+(``catalog.origins``). Version 1 manifests (without ``sample_blocks``) are read.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import logging
 import os
@@ -36,6 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from dali_shards.catalog.entries import BLOCK, check_entry, is_count
+from dali_shards.catalog.origins import check_entry_origin
 from dali_shards.errors import ConfigError, ManifestNotFound, ShardAccessError, ShardError
 from dali_shards.io.fsrequest import probe, unreachable
 from dali_shards.options import StorageOptions
@@ -50,8 +56,6 @@ log = logging.getLogger("dali_shards")
 
 MANIFEST_FORMAT = "dali-shards-manifest"
 MANIFEST_VERSION = 2
-BLOCK = 512
-MAX_BYTES = 1 << 62  # no shard is larger: offsets beyond are a corrupt manifest
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,9 @@ def _read_text(path: str, config: StorageOptions) -> bytes:
 
 def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[ShardInfo]:
     """Shards and sample counts from a manifest (a local path or a URL); relative URLs are taken
-    from its directory. A ConfigError names any field of the wrong type and any shard listed twice."""
+    from its directory. A ConfigError names any field of the wrong type or beyond what a shard can
+    hold, any shard listed twice, and (unless ``config.manifest_foreign_urls``) any entry of a
+    remote manifest off its server or bucket."""
     try:
         text = _read_text(path, config)
     except FileNotFoundError:
@@ -208,7 +214,7 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ConfigError(f'{path!r} is not a dali-shards manifest (expected "format": "{MANIFEST_FORMAT}")')
     version = doc.get("version", MANIFEST_VERSION)
-    if not _is_count(version):
+    if not is_count(version):
         raise ConfigError(f'manifest {path!r}: "version" must be an integer, got {version!r}')
     if version > MANIFEST_VERSION:
         raise ConfigError(f"manifest {path!r} has version {version}; upgrade dali_shards to read it")
@@ -225,84 +231,19 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
     shards: List[ShardInfo] = []
     first: Dict[str, int] = {}
     for i, entry in enumerate(entries):
-        info = _entry(path, i, entry)
-        url = info.url
+        checked = check_entry(path, i, entry)
+        url = checked.url
         if "://" not in url and not url.startswith("/"):
             url = posixpath.join(base, url) if remote else os.path.join(base, url)
+        check_entry_origin(path, i, checked.url, url, config)
         if url in first:
             raise ConfigError(
                 f"manifest {path!r} lists shard {url!r} twice (entries {first[url]} and {i}); each shard may "
                 "appear once: remove one of them"
             )
         first[url] = i
-        shards.append(dataclasses.replace(info, url=url))
+        shards.append(ShardInfo(url, *checked[1:]))
     return shards
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _entry(path: str, i: int, entry: object) -> ShardInfo:
-    """Entry ``i`` of manifest ``path``, its fields checked."""
-
-    def bad(name: str, what: str) -> ConfigError:
-        value = entry.get(name) if isinstance(entry, dict) else entry
-        return ConfigError(f'manifest {path!r}: entry {i}: "{name}" must be {what}, got {value!r}')
-
-    if not isinstance(entry, dict):
-        raise ConfigError(f'manifest {path!r}: entry {i} must be an object with "url" and "samples", got {entry!r}')
-    if not isinstance(entry.get("url"), str) or not entry["url"]:
-        raise bad("url", "the shard's path or URL (a string)")
-    if not _is_count(entry.get("samples")) or entry["samples"] < 0:
-        raise bad("samples", "the shard's number of samples (an integer >= 0)")
-    size = entry.get("bytes")
-    if size is not None and (not _is_count(size) or size < 0):
-        raise bad("bytes", "the shard's size in bytes (an integer >= 0) or absent")
-    ext_bytes = entry.get("ext_bytes")
-    if ext_bytes is not None and (
-        not isinstance(ext_bytes, dict)
-        or not all(isinstance(k, str) and _is_count(v) and v >= 0 for k, v in ext_bytes.items())
-    ):
-        raise bad("ext_bytes", "a mapping of extensions to byte counts (integers >= 0) or absent")
-    offsets = _offsets(entry.get("sample_blocks"), entry["samples"], size, bad)
-    keys = _key_crc(entry.get("key_crc32"), entry["samples"], bad)
-    return ShardInfo(entry["url"], entry["samples"], size, None if ext_bytes is None else dict(ext_bytes), offsets, keys)
-
-
-def _key_crc(text: object, samples: int, bad) -> Optional[np.ndarray]:
-    """The key fingerprints ``key_crc32`` stands for (see the module), checked."""
-    if text is None:
-        return None
-    what = f"the base64 of {samples} little-endian uint32 key fingerprints, or absent"
-    try:
-        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
-    except ValueError:
-        raise bad("key_crc32", what) from None
-    if not isinstance(text, str) or len(raw) != 4 * samples:
-        raise bad("key_crc32", what)
-    array = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
-    array.setflags(write=False)
-    return array
-
-
-def _offsets(blocks: object, samples: int, size: Optional[int], bad) -> Optional[np.ndarray]:
-    """The offsets ``sample_blocks`` stands for (see the module), checked."""
-    if blocks is None:
-        return None
-    what = f"{samples} positive block counts separated by spaces (one per sample, within the shard's bytes) or absent"
-    if not isinstance(blocks, str):
-        raise bad("sample_blocks", what)
-    try:
-        counts = np.array(blocks.split(), dtype=np.int64)
-    except (ValueError, OverflowError):
-        raise bad("sample_blocks", what) from None
-    if len(counts) != samples or (counts < 1).any() or float(counts.sum(dtype=np.float64)) * BLOCK >= MAX_BYTES:
-        raise bad("sample_blocks", what)  # (a sum beyond MAX_BYTES could wrap around in int64)
-    ends = np.cumsum(counts) * BLOCK
-    if size is not None and len(ends) and ends[-1] > size:
-        raise bad("sample_blocks", what)
-    return ShardInfo.offsets_from(np.concatenate([[0], ends]))
 
 
 def sample_blocks(offsets: np.ndarray) -> str:

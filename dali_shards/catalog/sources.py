@@ -7,9 +7,11 @@
 that ``__index__`` counts in (globs and directories sort by name).
 
 A directory with a ``manifest.json`` is read as that manifest: tar files there that it does not
-list (left over from an earlier write) are left out, with one warning naming them. A local glob or
-brace pattern that matches shards the ``manifest.json`` beside them does not list is read as
-matched, with a warning naming those shards.
+list (left over from an earlier write) are left out, with one warning naming them; shards it lists
+outside the folder (``../``, absolute paths) are read, with one warning (``catalog.origins``). A
+local glob or brace pattern that selects existing shards the ``manifest.json`` beside them does not
+list reads them, with a warning naming them (shards a brace pattern names that do not exist are
+a ``ShardAccessError``, or skipped with ``on_error="skip"``).
 
 Local shards without a manifest are counted by a header scan. Remote shards are never scanned
 per run: their counts come from a manifest, given or found beside them (``manifest.json``, as
@@ -18,7 +20,9 @@ written by ``dali-shards index``).
 A shard listed twice (by patterns, lists or manifests, however spelled) is refused. A local shard
 whose size differs from its manifest's ``bytes`` is refused (with ``on_error="skip"`` the workers
 skip it, counted), or counted again with ``stale_manifest="rescan"``; every shard is checked again
-when opened (see ``storage``).
+when opened (see ``storage``). Counts no shard of its size could hold are refused at the start
+(``catalog.plausible``); a remote manifest may list only shards on its own server or bucket,
+unless ``manifest_foreign_urls=True`` (``catalog.origins``).
 """
 
 from __future__ import annotations
@@ -26,25 +30,25 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import stat
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 from braceexpand import braceexpand
 
 from dali_shards.errors import ConfigError, ManifestNotFound, ShardFormatError
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards
+from dali_shards.catalog.folders import MANIFEST_NAME, SHARD_SUFFIXES, folder_manifest, identity, warn_unlisted
+from dali_shards.catalog.origins import warn_outside_folder
+from dali_shards.catalog.plausible import check_counts, local_file_size
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
 from dali_shards.options import OnError, option_default
 
 log = logging.getLogger("dali_shards")
-MANIFEST_NAME = "manifest.json"
 STALE_MANIFEST = ("raise", "rescan")
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
 def is_manifest(path: str) -> bool:
@@ -54,7 +58,14 @@ def is_manifest(path: str) -> bool:
 def expand_pattern(pattern: str, config: StorageOptions = DEFAULT_STORAGE) -> List[str]:
     """Shard URLs of one brace pattern and/or glob, in order."""
     urls: List[str] = []
-    for item in braceexpand(pattern):
+    try:
+        items = list(braceexpand(pattern))
+    except ValueError:  # braceexpand's UnbalancedBracesError
+        raise ConfigError(
+            f"pattern {pattern!r} has unbalanced braces: write a range as {{000000..000127}}, both braces, "
+            "or list the shards"
+        ) from None
+    for item in items:
         if is_remote(item) and _GLOB_CHARS & set(item.split("://", 1)[1]) and not item.startswith("http"):
             fs, inner = filesystem(item, config)
             protocol = item.split("://", 1)[0]
@@ -90,8 +101,9 @@ def resolve_source(
     shards; with ``on_error="skip"`` damaged or missing local shards count what can be read).
     Remote shards take their counts from a manifest beside them; with ``counts=False`` shards
     without one are listed with ``samples=-1`` (the streaming mode) instead of refused. A shard
-    listed twice is a ConfigError; a local shard whose size is not its manifest's a
-    ShardFormatError, or (``stale_manifest="rescan"``) counted again."""
+    listed twice is a ConfigError, and so are counts a manifest gives that the shard cannot hold
+    (whatever ``on_error``); a local shard whose size is not its manifest's a ShardFormatError, or
+    (``stale_manifest="rescan"``) counted again."""
     if stale_manifest not in STALE_MANIFEST:
         raise ConfigError(f"stale_manifest must be one of {STALE_MANIFEST}, got {stale_manifest!r}")
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
@@ -110,13 +122,15 @@ def resolve_source(
         folder = folder_manifest(text)
         if folder is not None or is_manifest(text):
             text, infos = folder if folder is not None else (text, read_manifest(text, config))
+            if folder is None and os.path.basename(text) == MANIFEST_NAME:
+                warn_outside_folder(text, [info.url for info in infos])
             for i, info in enumerate(infos):
                 manifested.append(len(shards))
                 origins.append(f"{where}, manifest {text!r}, entry {i}")
                 shards.append(info)
             continue
         urls = expand_pattern(text, config)
-        _warn_unlisted(text, urls)
+        warn_unlisted(text, urls)
         for k, url in enumerate(urls):
             if is_remote(url):
                 remote.append((len(shards), url, text))
@@ -126,93 +140,34 @@ def resolve_source(
             origins.append(f"{where}, pattern {text!r}, match {k}" if urls != [text] else f"{where} ({text!r})")
             shards.append(ShardInfo(url, -1))
     _refuse_duplicates(shards, origins)
+    given = list(shards)  # as the manifests give them (those counted again need no check)
     _check_manifested(shards, manifested, origins, stale_manifest, on_error, config)
     for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error, config=config)):
         shards[slot] = info
-    if remote:
-        _count_remote(shards, remote, config, counts)
+    beside = _count_remote(shards, remote, origins, config, counts) if remote else []
+    check_counts(shards, [s for s in manifested if shards[s] is given[s]] + beside, origins, config)
     if not shards:
         raise ConfigError(f"source {source!r} names no shards")
     return shards
 
 
-def folder_manifest(item: str) -> Optional[Tuple[str, List[ShardInfo]]]:
-    """A local directory source's ``manifest.json`` and the shards it lists, if it has a usable
-    one; warns (once) about the tar files there that it does not list, which are then not read."""
-    path = local_path(item)
-    if path is None or not os.path.isdir(path):
-        return None
-    manifest = os.path.join(path, MANIFEST_NAME)
-    infos = _manifest_beside(manifest)
-    if infos is None:
-        return None
-    found = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(SHARD_SUFFIXES)]
-    unlisted = _unlisted(infos, found)
-    if unlisted:
-        log.warning(
-            "dali_shards: directory %r: reading the %d shard(s) its %s lists; %d tar file(s) there are not listed "
-            "and are left out: %s. Remove them, or run `dali-shards index` on the shards you mean to read",
-            item, len(infos), MANIFEST_NAME, len(unlisted), _names(unlisted),
-        )  # fmt: skip
-    return manifest, infos
-
-
-def _warn_unlisted(pattern: str, urls: Sequence[str]) -> None:
-    """Warn when local shards matched by a glob or brace pattern are missing from the
-    ``manifest.json`` beside them (a stale manifest, or files left over from an earlier write)."""
-    if urls == [pattern]:
-        return
-    by_folder: Dict[str, List[str]] = {}
-    for url in urls:
-        path = local_path(url)
-        if path is not None:
-            by_folder.setdefault(os.path.dirname(os.path.abspath(path)), []).append(url)
-    for folder, matched in by_folder.items():
-        manifest = os.path.join(folder, MANIFEST_NAME)
-        infos = _manifest_beside(manifest)
-        unlisted = _unlisted(infos, matched) if infos is not None else []
-        if unlisted:
-            log.warning(
-                "dali_shards: pattern %r matches %d shard(s) that %s beside them does not list: %s. They are read "
-                "(counted from their headers); if they are left over from an earlier write, remove them, or give "
-                "the manifest (or the directory) as the source to read what it lists",
-                pattern, len(unlisted), manifest, _names(unlisted),
-            )  # fmt: skip
-
-
-def _manifest_beside(manifest: str) -> Optional[List[ShardInfo]]:
-    """The shards a local ``manifest.json`` lists; None if there is none, or (with a warning) if
-    it is not a usable dali-shards manifest (another tool's file: the shards are then found as
-    they would be without it)."""
-    if not os.path.isfile(manifest):
-        return None
-    try:
-        return read_manifest(manifest)
-    except ConfigError as exc:
-        log.warning("dali_shards: %s is not a usable dali-shards manifest (%s); ignored", manifest, exc)
-        return None
-
-
-def _unlisted(infos: Sequence[ShardInfo], paths: Sequence[str]) -> List[str]:
-    """The names of the shards in ``paths`` that ``infos`` does not list."""
-    listed = {_identity(info.url) for info in infos}
-    return [os.path.basename(p) for p in paths if _identity(p) not in listed]
-
-
-def _names(names: Sequence[str], most: int = 8) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
 def _count_remote(
-    shards: List[ShardInfo], remote: Sequence[Tuple[int, str, str]], config: StorageOptions, counts: bool
-) -> None:
+    shards: List[ShardInfo],
+    remote: Sequence[Tuple[int, str, str]],
+    origins: List[str],
+    config: StorageOptions,
+    counts: bool,
+) -> List[int]:
     """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
-    them; without one, a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
+    them (their origins then name the manifest; the slots counted so are returned); without one,
+    a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
     known = _manifests_beside([url for _, url, _ in remote], config)
+    found = []
     for slot, url, pattern in remote:
         if url in known:
             shards[slot] = known[url]
+            origins[slot] += f", counted by {url.rsplit('/', 1)[0]}/{MANIFEST_NAME}"
+            found.append(slot)
         elif counts:
             folder = url.rsplit("/", 1)[0]
             raise ConfigError(
@@ -222,34 +177,19 @@ def _count_remote(
                 f"`dali-shards index '{pattern}'` puts {MANIFEST_NAME} there, found automatically from then on. "
                 "Or set samples_per_epoch= to stream without counts (resampled)"
             )
-
-
-def _identity(url: str) -> str:
-    """What makes two spellings of a shard the same shard: the real path of a local file."""
-    path = local_path(url)
-    return url if path is None else os.path.realpath(path)
+    return found
 
 
 def _refuse_duplicates(shards: Sequence[ShardInfo], origins: Sequence[str]) -> None:
     first: Dict[str, int] = {}
     for slot, info in enumerate(shards):
-        key = _identity(info.url)
+        key = identity(info.url)
         if key in first:
             raise ConfigError(
                 f"shard {shards[first[key]].url!r} is listed twice: by {origins[first[key]]}, and by {origins[slot]}. "
                 "Each shard may appear once per epoch: remove one (check the patterns, lists and manifests of source=)"
             )
         first[key] = slot
-
-
-def _file_size(url: str) -> Optional[int]:
-    """The size of a local shard that is a regular file (None otherwise: found when opened)."""
-    path = local_path(url)
-    try:
-        st = os.stat(path) if path is not None else None
-    except OSError:
-        return None
-    return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def _check_manifested(
@@ -266,7 +206,7 @@ def _check_manifested(
     changed = []
     for slot in slots:
         info = shards[slot]
-        actual = None if info.bytes is None else _file_size(info.url)  # None: remote, or met when opened
+        actual = None if info.bytes is None else local_file_size(info.url)  # None: remote, or met when opened
         if actual is None or actual == info.bytes:
             continue
         if stale == "rescan":

@@ -37,6 +37,13 @@ _MAGIC: Dict[bytes, Callable[[BinaryIO], Any]] = {
     b"BZh": bz2.BZ2File,
     b"\xfd7zXZ\x00": lzma.LZMAFile,
 }
+_COMPRESSION = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+
+
+def compression_of(head: bytes) -> Optional[str]:
+    """The compression a shard's first bytes announce (``"gzip"``, ``"bzip2"``, ``"xz"``), as
+    opening it recognises it; None for a plain tar."""
+    return next((name for magic, name in _COMPRESSION.items() if head.startswith(magic)), None)
 
 
 class _Decompressed(io.RawIOBase):

@@ -87,6 +87,19 @@ class RawSample:
 Destination = Callable[[RawSample, str, int], Optional[Any]]
 
 _TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-create it"
+_NOT_TAR_HINT = "check that the file is a tar shard (one cut short by an interrupted copy or download: re-create it)"
+
+
+_OCTAL = frozenset(b"01234567 \0")
+
+
+def _header_start(partial: bytes) -> bool:
+    """True if ``partial`` (less than a block) begins like a tar header: its numeric fields up to
+    the checksum (mode, uid, gid, size, mtime) are there and read as numbers."""
+    if len(partial) < 148:
+        return False
+    fields = (partial[100:108], partial[108:116], partial[116:124], partial[124:136], partial[136:148])
+    return all(f[0] & 0x80 or set(f) <= _OCTAL for f in fields)
 
 
 class TarReader:
@@ -224,16 +237,29 @@ class TarReader:
         """The header block at ``offset`` (checked), or None for the end-of-archive marker."""
         hdr = self._read(BLOCK)
         if len(hdr) != BLOCK:
-            what = "the shard is empty" if offset == 0 and not hdr else (
-                f"it ends at byte {offset + len(hdr)} without the end-of-archive marker"
-            )
-            raise ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
+            raise self._short(offset, hdr)
         self._pos = offset + BLOCK
         if hdr[0] == 0 and hdr.count(0) == BLOCK:
             self.end_offset = offset
             return None
-        check_header(self.url, hdr, offset)
+        try:
+            check_header(self.url, hdr, offset)
+        except ShardFormatError as exc:
+            if offset:
+                raise
+            detail = f"not a tar archive, or its first header is damaged: {exc.detail}"
+            raise ShardFormatError(self.url, detail, hint=exc.hint) from None
         return hdr
+
+    def _short(self, offset: int, hdr: bytes) -> ShardFormatError:
+        """The error of a header block cut short: a truncated archive, or (at byte 0, unless the
+        bytes there begin like a tar header) a file that is no tar archive."""
+        if offset == 0 and hdr and not _header_start(hdr):
+            detail = f"not a tar archive: no valid tar header at byte 0 (it holds only {len(hdr)} bytes, less than one)"
+            return ShardFormatError(self.url, detail, hint=_NOT_TAR_HINT)
+        where = "inside its first header" if offset == 0 else "without the end-of-archive marker"
+        what = "the shard is empty" if offset == 0 and not hdr else f"it ends at byte {offset + len(hdr)} {where}"
+        return ShardFormatError(self.url, f"truncated tar archive: {what}", hint=_TRUNCATED_HINT)
 
     def _regular(
         self, hdr: bytes, offset: int, size: int, long_name: Optional[str], pax: Optional[dict], start: int

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 from nvidia.dali.pipeline import Pipeline
 
+from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions, Transfer
 from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.setup.info import ShardedPipelineInfo
@@ -17,7 +18,8 @@ from dali_shards.setup.resolve import Resolved, resolve
 from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
 from dali_shards.worker.control import ControlBlock
-from dali_shards.fields import KEY
+from dali_shards.fields import KEY, FieldKind
+from dali_shards.worker.slots import FieldSpec
 from dali_shards.transfer.merge.transfer import MergeTransfer
 from dali_shards.transfer.ring.transfer import RingTransfer
 from dali_shards.world import check_start_method, default_device_id
@@ -46,6 +48,7 @@ def build_sharded_pipeline(
     start_method = pipeline_kwargs.get("py_start_method", "fork")
     if options.transfer is Transfer.MERGE:  # DALI's pool cannot fork once CUDA is initialised; our workers can
         check_start_method(start_method)
+        check_merge_queue(pipeline_kwargs.get("prefetch_queue_depth"))
     control = ControlBlock.create(
         options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
     )
@@ -60,6 +63,7 @@ def build_sharded_pipeline(
         captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
         captured["slot_status"] = slot_status
         captured["key_outputs"] = key_positions(captured["outputs"], fields, resolved.layout.fields)
+        captured["varying_outputs"] = varying_positions(captured["outputs"], fields, resolved.layout.fields)
         return result
 
     kwargs: Dict[str, Any] = {
@@ -87,16 +91,43 @@ def build_sharded_pipeline(
         outputs=captured["outputs"],
         slot_status=captured["slot_status"],
         key_outputs=captured["key_outputs"],
+        varying_outputs=captured["varying_outputs"],
         control=control,
         transfer=transfer,
     )
     return pipe
 
 
+def check_merge_queue(depth: Any) -> None:
+    """A ConfigError unless DALI's worker pool can take ``prefetch_queue_depth`` (one int)."""
+    if depth is None or (isinstance(depth, (int, np.integer)) and not isinstance(depth, bool) and depth >= 1):
+        return
+    raise ConfigError(
+        f"prefetch_queue_depth={depth!r} with transfer='merge': DALI's worker pool takes one positive "
+        "integer (separate CPU and GPU queues are not supported with parallel external sources); give an "
+        "integer, or use transfer='ring', which takes both"
+    )
+
+
 def key_positions(outputs: Sequence[Any], nodes: Sequence[Any], fields: Sequence[Any]) -> Tuple[int, ...]:
     """The positions of the outputs that are the ``__key__`` field's node itself."""
-    keys = [node for node, f in zip(nodes, fields) if f.name == KEY]
-    return tuple(i for i, out in enumerate(outputs) if any(out is key for key in keys))
+    return _positions(outputs, [node for node, f in zip(nodes, fields) if f.name == KEY])
+
+
+def varying_positions(outputs: Sequence[Any], nodes: Sequence[Any], fields: Sequence[FieldSpec]) -> Tuple[int, ...]:
+    """The positions of the outputs that are, unchanged, a field of bytes (a member's, or a ``map``'s
+    bytes output): samples that differ in length. Arrays (``.npy`` members, a ``map``'s arrays) are
+    taken as dense unless declared ragged: fixed-size features are the common case."""
+    return _positions(outputs, [node for node, f in zip(nodes, fields) if may_vary(f)])
+
+
+def may_vary(field: FieldSpec) -> bool:
+    """Whether ``field`` is bytes, whose samples differ in length."""
+    return field.kind == FieldKind.BYTES or (field.kind == FieldKind.PAYLOAD and field.dtype is None)
+
+
+def _positions(outputs: Sequence[Any], nodes: Sequence[Any]) -> Tuple[int, ...]:
+    return tuple(i for i, out in enumerate(outputs) if any(out is node for node in nodes))
 
 
 def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None) -> Any:

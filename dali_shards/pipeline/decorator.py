@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Tuple
 from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.errors import UnknownOptionError
-from dali_shards.keywords import ShardedKeywords, Source
+from dali_shards.keywords import PipelineFactory, ShardedKeywords, Source
 from dali_shards.options import OPTION_KEYWORDS, STORAGE_KEYWORDS, ShardedOptions, StorageOptions
 from dali_shards.pipeline.build import build_sharded_pipeline
 from dali_shards.setup.info import ShardedPipelineInfo
@@ -61,7 +61,7 @@ def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
 
 def sharded_pipeline(
     source: Source, **keywords: Unpack[ShardedKeywords]
-) -> Callable[[Callable[..., Any]], Callable[..., Pipeline]]:
+) -> Callable[[Callable[..., Any]], PipelineFactory]:
     """Decorator turning a graph function into a factory of worker-sharded DALI pipelines.
 
     Only ``fields``, ``batch_size`` and ``py_num_workers`` are required; the other options'
@@ -113,6 +113,11 @@ def sharded_pipeline(
         cache_dir, cache_limit: keep remote shards read in full on local disk, evicting the
             least recently used beyond ``cache_limit`` bytes (None: no limit). Only whole-shard
             reads (contiguous runs, streaming) use it; interleaved reads fetch ranges.
+        manifest_foreign_urls: a remote manifest may list shards only on its own server or
+            bucket (same scheme and host or bucket; never local paths or ``file://`` URLs), else
+            a ``ConfigError`` names it and the entry; True lets it list any URL or local path.
+            A local folder's ``manifest.json`` that lists shards outside the folder (``../``,
+            absolute paths) is read as written, with a warning naming it and an entry.
         retries, request_timeout: a failed or stalled remote request is retried with exponential
             backoff, resumed at the first missing byte. Over HTTP ``request_timeout`` is the
             longest wait for the next bytes; elsewhere the longest request (a slow one is split).
@@ -165,7 +170,7 @@ def sharded_pipeline(
     options_kw, pipeline_kwargs = _split(dict(keywords))
     options = ShardedOptions.from_keywords(source=source, **options_kw)
 
-    def decorator(func: Callable[..., Any]) -> Callable[..., Pipeline]:
+    def decorator(func: Callable[..., Any]) -> PipelineFactory:
         func_params = inspect.signature(func).parameters
 
         @functools.wraps(func)
@@ -205,7 +210,7 @@ def _signature() -> inspect.Signature:
                 default = inspect.Parameter.empty
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=getattr(types[f.name], "__forward_arg__", types[f.name])))
     params.append(inspect.Parameter("pipeline_kwargs", inspect.Parameter.VAR_KEYWORD, annotation="Any"))
-    return inspect.Signature(params, return_annotation="Callable[[Callable[..., Any]], Callable[..., Pipeline]]")
+    return inspect.Signature(params, return_annotation="Callable[[Callable[..., Any]], PipelineFactory]")
 
 
 sharded_pipeline.__signature__ = _signature()  # type: ignore[attr-defined]

@@ -114,8 +114,13 @@ def resume_point(
         fields = {SPEC_NAMES.get(k, k): v for k, v in layout.items()}
         past_spec = PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields)
         past = EpochPlan(past_spec, epoch, subset, version=version)
-        if steps >= past.steps:  # that layout finished the epoch
-            return epoch + 1, None, []
+        if steps >= past.steps:  # make_state starts the next epoch instead: no run saves this
+            raise ConfigError(
+                f"malformed state: history[{i}] says {steps} steps were taken under world_size="
+                f"{entry['world_size']}, num_workers={entry['num_workers']}, batch_size={entry['batch_size']}, "
+                f"whose plan of epoch {epoch} {'there ' if i else ''}has {past.steps}: the state was not saved "
+                "by a run over these shards; resume from the state_dict() the run saved"
+            )
         if i == len(history) - 1 and layout == layout_of(spec):
             return epoch, EpochPlan(spec, epoch, subset, start_step=steps, version=version), history[:-1]
         subset = past.remaining(steps, lengths)

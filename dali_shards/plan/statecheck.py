@@ -27,6 +27,10 @@ LAYOUT_KEYS = (
     "world_size", "num_workers", "batch_size", "last_batch", "shuffle_buffer", "shuffle_block", "bucket_window"
 )  # as saved
 SPEC_NAMES = {"num_workers": "py_num_workers"}  # a saved key -> the spec's field (states keep their format)
+COUNT_GROUPS = 32  # per-shard counts are hashed in up to this many groups of consecutive shards
+GROUP_DIGEST = 4  # hex characters per group
+# bounds no real run reaches; a state beyond them is refused before anything is planned for it
+MAX_STATE = {"world_size": 1 << 20, "num_workers": 1 << 12, "batch_size": 1 << 24, "history": 1 << 10}
 
 
 class DatasetRecord(TypedDict):
@@ -38,6 +42,7 @@ class DatasetRecord(TypedDict):
     names: str
     name_set: str
     bytes: Optional[str]
+    count_groups: str
 
 
 class LayoutRecord(TypedDict):
@@ -99,7 +104,25 @@ class DatasetId:
             "names": digest(list(self.names)),
             "name_set": digest(sorted(self.names)),
             "bytes": digest(list(self.byte_sizes)) if known else None,
+            "count_groups": "".join(digest(list(g))[:GROUP_DIGEST] for g in self._groups(self.counts)),
         }
+
+    def _groups(self, values: Sequence[Any]) -> List[Sequence[Any]]:
+        """``values`` cut into at most ``COUNT_GROUPS`` runs of consecutive shards (equal but the last)."""
+        size = -(-len(values) // COUNT_GROUPS) or 1
+        return [values[i : i + size] for i in range(0, len(values), size)]
+
+    def changed_shards(self, recorded: Mapping[str, Any]) -> Optional[str]:
+        """The shards (or runs of shards) whose counts differ from ``recorded``'s, or None where the
+        state does not say (saved before per-group digests were recorded)."""
+        theirs = recorded.get("count_groups")
+        groups = self._groups(list(zip(self.names, self.counts)))
+        if not isinstance(theirs, str) or len(theirs) != GROUP_DIGEST * len(groups):
+            return None
+        mine = [digest([c for _, c in g])[:GROUP_DIGEST] for g in groups]
+        changed = [g for i, g in enumerate(groups) if theirs[i * GROUP_DIGEST : (i + 1) * GROUP_DIGEST] != mine[i]]
+        said = [f"{g[0][0]} (now {g[0][1]} samples)" if len(g) == 1 else f"one of {g[0][0]} .. {g[-1][0]}" for g in changed]
+        return ", ".join(said[:8]) + (f" and {len(said) - 8} more" if len(said) > 8 else "")
 
     def check(self, recorded: Mapping[str, Any]) -> None:
         """ConfigError saying what differs unless ``recorded`` (a state's ``dataset``) is this one."""
@@ -114,10 +137,23 @@ class DatasetId:
         if recorded["names"] != mine["names"]:
             what = "the same shards in another order" if recorded.get("name_set") == mine["name_set"] else "other shards"
             raise ConfigError(f"the state was saved for {what} ({there}; this pipeline reads {here}); {_FIX}")
-        if recorded.get("fingerprint") != mine["fingerprint"]:
+        if recorded.get("shards", mine["shards"]) != mine["shards"]:
             raise ConfigError(
-                f"the shards changed since the state was saved: their sample counts differ ({there}, now {here}); "
-                "the rest of that epoch cannot be told apart: start the epoch again (start_epoch=...)"
+                f"malformed state: dataset.shards is {recorded.get('shards')}, but it names the {mine['shards']} shards "
+                "this pipeline reads"
+            )
+        if recorded.get("fingerprint") != mine["fingerprint"]:
+            changed = self.changed_shards(recorded)
+            totals = f"the same {here}" if recorded.get("samples") == mine["samples"] else f"{there}, now {here}"
+            raise ConfigError(
+                f"the shards changed since the state was saved: their sample counts differ ({totals}"
+                + (f"; changed: {changed}" if changed else "")
+                + "); the rest of that epoch cannot be told apart: start the epoch again (start_epoch=...)"
+            )
+        if recorded.get("samples", mine["samples"]) != mine["samples"]:
+            raise ConfigError(
+                f"malformed state: dataset.samples is {recorded.get('samples')}, but the shard counts it fingerprints "
+                f"sum to {mine['samples']}"
             )
         if recorded.get("bytes") and mine["bytes"] and recorded["bytes"] != mine["bytes"]:
             raise ConfigError(
@@ -136,7 +172,11 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
     _want(state, "shuffle", lambda v: isinstance(v, bool), "true or false")
     _want(state, "dataset", lambda v: isinstance(v, Mapping), "an object")
     _want(state["dataset"], "fingerprint", lambda v: isinstance(v, str), "a string", "dataset.")
-    _want(state, "history", lambda v: isinstance(v, list), "a list")
+    for key in ("shards", "samples"):
+        if key in state["dataset"]:
+            _want(state["dataset"], key, lambda v: _is_int(v) and v >= 0, "an integer >= 0", "dataset.")
+    limit = MAX_STATE["history"]
+    _want(state, "history", lambda v: isinstance(v, list) and len(v) <= limit, f"a list of at most {limit} layouts")
     history = []
     for i, entry in enumerate(state["history"]):
         where = f"history[{i}]."
@@ -144,8 +184,10 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
             raise ConfigError(f"malformed state: history[{i}] must be an object, got {entry!r}")
         entry = {"bucket_window": 0, **entry}  # states saved before bucketing existed: none
         history.append(entry)
-        for key in ("world_size", "num_workers", "batch_size", "shuffle_buffer"):
-            _want(entry, key, lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
+        for key in ("world_size", "num_workers", "batch_size"):
+            top = MAX_STATE[key]
+            _want(entry, key, lambda v: _is_int(v) and 1 <= v <= top, f"an integer in 1..{top}", where)
+        _want(entry, "shuffle_buffer", lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
         _want(entry, "shuffle_block", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         _want(entry, "bucket_window", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         _want(entry, "last_batch", lambda v: isinstance(v, str) and v in {m.value for m in LastBatch}, "'pad' or 'drop'", where)

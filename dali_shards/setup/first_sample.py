@@ -18,7 +18,7 @@ from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import RawSample, TarReader
 from dali_shards.options import OnError, ShardedOptions, Transfer
-from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout
+from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout, check_npy_dtype
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs
@@ -79,7 +79,8 @@ def first_sample_outputs(
 def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[str]):
     inputs = stage.inputs(sample, index)
     if not stage.mapped:
-        return [OutputSpec(n, "array", inputs[n].dtype.name, inputs[n].ndim) for n in names], {}
+        arrays = [check_npy_dtype(sample, n, inputs[n]) for n in names]  # a type DALI cannot carry: named here
+        return [OutputSpec(n, "array", a.dtype.name, a.ndim) for n, a in zip(names, arrays)], {}
     result = stage.run_map(sample, inputs)
     specs, sizes = [], {}
     for name in names:

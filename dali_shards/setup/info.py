@@ -28,7 +28,8 @@ class ShardedPipelineInfo:
     pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch).
     ``outputs`` are the graph function's outputs and ``slot_status`` each slot's index and status
     (the iterator adds it as an output); ``key_outputs`` the positions of the outputs that are
-    the ``__key__`` field as it comes (the iterator gives them as strings); ``rebuild(**options)`` makes the same pipeline anew;
+    the ``__key__`` field as it comes (the iterator gives them as strings), ``varying_outputs`` those
+    that are a bytes field as it comes (ragged unless ``ragged_outputs`` says otherwise); ``rebuild(**options)`` makes the same pipeline anew;
     ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``).
     """
 
@@ -37,6 +38,7 @@ class ShardedPipelineInfo:
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
     slot_status: Any = field(default=None, compare=False, repr=False)
     key_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
+    varying_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
 

@@ -248,14 +248,18 @@ def choose_stage(
     return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by, options.seed), sizes
 
 
+MAX_SLOT_HINT = 64 << 20
+
+
 def bytes_per_sample_hint(
     shards: Sequence[ShardInfo], layout: SampleLayout, py_num_workers: int, sizes: Optional[Dict[str, int]] = None
 ) -> Optional[int]:
     """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
     ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers
-    (with a ``map``: the size of its outputs in the first sample)."""
+    (with a ``map``: the size of its outputs in the first sample), at most ``MAX_SLOT_HINT`` (DALI
+    grows a slot that needs more: a manifest's sizes of compressed shards are not bounded by theirs)."""
     if sizes:
-        return int((sum(sizes.values()) + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES
+        return min(MAX_SLOT_HINT, int((sum(sizes.values()) + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
     exts = [e for spec in layout.byte_fields for e in spec.extensions]
     mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:
@@ -263,4 +267,4 @@ def bytes_per_sample_hint(
         if not known:
             return None
         mean = sum(b for b, _ in known) / sum(n for _, n in known)
-    return int((mean + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES
+    return min(MAX_SLOT_HINT, int((mean + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)

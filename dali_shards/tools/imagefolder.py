@@ -8,11 +8,13 @@ itself. Files are listed in a deterministic order.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from dali_shards.errors import ConfigError
 
+log = logging.getLogger("dali_shards")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -57,13 +59,18 @@ def find_image_folder(
         if unknown:
             raise ConfigError(f"classes {unknown[:5]} of {root!r} are not in the class map; add them or drop them")
     files = []
+    hidden = []
     for name in classes:
         for folder, dirs, names in sorted(os.walk(os.path.join(root, name), followlinks=True)):
             dirs.sort()
             for fname in sorted(names):
                 if fname.lower().endswith(IMAGE_EXTENSIONS):
                     path = os.path.join(folder, fname)
-                    files.append(SourceFile(path, class_map[name], _extension(path)))
+                    if is_hidden(path):
+                        hidden.append(path)
+                    else:
+                        files.append(SourceFile(path, class_map[name], _extension(path)))
+    warn_hidden(hidden)
     if not files:
         raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root!r}")
     return files, class_map
@@ -79,6 +86,7 @@ def read_file_list(path: str) -> List[SourceFile]:
     except OSError as exc:
         raise ConfigError(f"cannot read file list {path!r}: {exc}") from None
     labelled: Optional[Tuple[int, bool]] = None  # (line number, labelled?) of the first entry
+    hidden: List[str] = []
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -96,13 +104,30 @@ def read_file_list(path: str) -> List[SourceFile]:
         if not os.path.isfile(file_path):
             where = "" if os.path.isabs(line) else f" (relative paths are taken from the list's folder: {file_path})"
             raise ConfigError(f"{path}:{number}: file {line!r} not found{where}")
+        if is_hidden(file_path):
+            hidden.append(f"{path}:{number} ({line})")
+            continue
         ext = _extension(file_path)
         if not ext:
             raise ConfigError(f"{path}:{number}: {line!r} has no extension to name its member by")
         files.append(SourceFile(file_path, label, ext))
+    warn_hidden(hidden)
     if not files:
         raise ConfigError(f"file list {path!r} names no files")
     return files
+
+
+def is_hidden(path: str) -> bool:
+    """True for a hidden file (its name starts with a dot: ``.jpg``, macOS's ``._x.jpg``), which is
+    not a sample: such a name has no key, or not the file's own."""
+    return os.path.basename(path).startswith(".")
+
+
+def warn_hidden(skipped: List[str]) -> None:
+    """One warning counting the hidden files left out, with a few of them."""
+    if skipped:
+        log.warning("dali_shards: skipped %d hidden files (names starting with '.'), not samples: %s%s",
+                    len(skipped), ", ".join(skipped[:3]), " ..." if len(skipped) > 3 else "")  # fmt: skip
 
 
 def _split_label(line: str) -> Tuple[str, Optional[int]]:

@@ -10,6 +10,7 @@ from array import array
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass, field
+import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ from dali_shards.catalog.manifest import stored_size
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader
 from dali_shards.tools.labels import LABEL_EXT, clustering, shard_labels
+from dali_shards.tools.write_command import human_size
 
 EXAMPLES = 5
 
@@ -111,3 +113,46 @@ def inspect_shards(
         "duplicate_member_examples": [m for r in reports for m in r.duplicate_members][:EXAMPLES],
         "labels": clustering([r.labels for r in reports if not r.error]),
     }
+
+
+def print_report(report: dict) -> None:
+    """The text form of an ``inspect_shards`` report (a class-sorted warning on stderr)."""
+    print(f"{report['shards']} shards, {report['samples']} samples, {human_size(report['bytes'])}")
+    counts = [s["samples"] for s in report["per_shard"] if not s["error"]]  # unreadable shards count nothing
+    bad = len(report["unreadable_shards"])
+    if counts or bad:
+        spread = f"min {min(counts)}, max {max(counts)}, " if counts else ""
+        print(f"samples per readable shard: {spread}empty {len(report['empty_shards'])}, unreadable {bad}")
+    print(f"{'field':12} {'samples':>9} {'missing':>8} {'size min / p50 / p90 / p99 / max':>40}")
+    for ext, f in report["fields"].items():
+        sizes = " / ".join(human_size(v) for v in f["size_min_p50_p90_p99_max"])
+        print(f"{ext:12} {f['samples']:>9} {f['missing']:>8} {sizes:>40}")
+        if f["missing_examples"]:
+            print(f"{'':12} e.g. missing in: {', '.join(f['missing_examples'])}")
+    print(
+        f"duplicate keys: {report['duplicate_keys']}"
+        + "".join(f"\n  {d['key']!r} in {d['shards'][0]} and {d['shards'][1]}" for d in report["duplicate_examples"])
+    )
+    if report["duplicate_members"]:
+        print(
+            f"duplicate members within a sample: {report['duplicate_members']}, "
+            f"e.g. {', '.join(report['duplicate_member_examples'])}"
+        )
+    _print_labels(report["labels"])
+    for entry in report["unreadable_shards"]:
+        print(f"unreadable: {entry['error']}")
+
+
+def _print_labels(labels: Optional[dict]) -> None:
+    if labels is None:
+        return
+    print(
+        f"labels (.cls): {labels['classes']} classes; a shard holds {labels['mean_distinct_per_shard']} on "
+        f"average, {labels['expected_if_mixed']} if its samples were mixed at random (ratio {labels['ratio']})"
+    )
+    if labels["class_sorted"]:
+        print(
+            "warning: the shards look class-sorted: batches will see few classes. Rewrite them mixed "
+            "(`dali-shards write` shuffles by default)",
+            file=sys.stderr,
+        )

@@ -42,8 +42,9 @@ def add_write_command(sub: Any) -> None:
         help="write an ImageFolder tree or a file list into tar shards",
         description="Write an ImageFolder tree (class/xxx.jpg) or a file list (lines 'path [label]') "
         "into tar shards (<key>.<ext> + <key>.cls), with a manifest and a class map. A sample's key is its "
-        "file's name without the extension, as in WebDataset's ImageNet shards. Output is deterministic: the "
-        "same input and seed give the same shards.",
+        "file's name without the extension, as in WebDataset's ImageNet shards; hidden files (names starting with "
+        "'.', e.g. macOS's ._x.jpg) are skipped, counted in a warning. Output is deterministic: the same input "
+        "and seed give the same shards.",
     )
     p.add_argument(
         "src",

@@ -17,7 +17,7 @@ from typing import Any, Iterable, List, Mapping, Optional, TypeVar, Union
 from dali_shards.catalog.manifest import ShardInfo, read_manifest, write_manifest
 from dali_shards.errors import ConfigError, DaliShardsError
 from dali_shards.io.tarscan import ShardStats, key_fingerprints
-from dali_shards.tools.encode import Value, encode
+from dali_shards.tools.encode import Value, check_names, encode
 
 SampleData = Mapping[str, Union[Value, Any]]
 MANIFEST_NAME = "manifest.json"
@@ -56,11 +56,12 @@ def _padded(size: int) -> int:
 
 def members(sample: SampleData) -> dict:
     """A sample's members (extension -> bytes), its values encoded (``encode``); a ConfigError if
-    it has no valid key or no members."""
+    its key or a field cannot name a member that readers read back as written, or it has none."""
     key = sample.get("__key__")
-    if not isinstance(key, str) or not key or "." in os.path.basename(key):
-        raise ConfigError(f"each sample needs a '__key__' string without dots, got {key!r}")
-    out = {ext.lstrip("."): encode(ext.lstrip("."), v, key) for ext, v in sample.items() if not ext.startswith("__")}
+    fields = [ext for ext in sample if not (isinstance(ext, str) and ext.startswith("__"))]
+    names = check_names(key, fields)
+    assert isinstance(key, str)  # check_names checked it
+    out = {name: encode(name, sample[ext], key) for ext, name in zip(fields, names)}
     if not out:
         raise ConfigError(f"sample {key!r} has no members")
     return out
@@ -113,10 +114,11 @@ class TarShardFile(_Closing):
         if self._tar is None:
             raise ConfigError(f"shard {self.path!r} is closed: samples cannot be added to it")
         assert self.offsets is not None  # None only once closed
+        exts = check_names(key, data_of)
         self.offsets.append(self._tar.offset)
         self.keys.append(key)
-        self.stats.add_sample({ext: len(data) for ext, data in data_of.items()})
-        for ext, data in data_of.items():
+        self.stats.add_sample({ext: len(data) for ext, data in zip(exts, data_of.values())})
+        for ext, data in zip(exts, data_of.values()):
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size = len(data)
             info.mtime = 0

@@ -1,13 +1,15 @@
 """The control block: a few hundred bytes of shared memory between a pipeline's main process and
 its worker processes.
 
-The main process creates it when it builds a pipeline: a file in ``/dev/shm`` where there is one
-(else in the temporary directory), mapped into memory. The worker sources carry only its path and
-map it in the worker process, so it works with ``fork`` and ``spawn`` alike. Each worker stamps
+The main process creates it when it builds a pipeline: anonymous memory (a Linux ``memfd``, which
+the workers open as ``/proc/<pid>/fd/<fd>``) that ends with the processes that map it, whichever
+way they end; elsewhere a file in ``/dev/shm`` where there is one (else in the temporary
+directory). The worker sources carry only its path and map it in the worker process, so it works
+with ``fork`` and ``spawn`` alike. Each worker stamps
 its own slot (pid, a heartbeat, when it last made progress, whether it is producing a batch, its
 epoch and step, the batches it produced, the shard it reads); the main process reads the slots to
 find a stuck worker, and publishes one word, "epoch E ends at step K", to cut an abandoned epoch
-short. The file is removed once every worker has mapped it (the iterator looks before each batch),
+short. A file is removed once every worker has mapped it (the iterator looks before each batch),
 or with the pipeline; files left by dead processes are removed when the next one is created.
 Imports no DALI.
 """
@@ -21,7 +23,7 @@ import struct
 import tempfile
 import time
 import weakref
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 from dali_shards.pids import pid_alive
 from dali_shards.options import option_default
@@ -74,14 +76,28 @@ def remove_stale(directory: Optional[str] = None) -> List[str]:
     return removed
 
 
-def _release(path: str, mapped: mmap.mmap, owner_pid: int) -> None:
-    if os.getpid() != owner_pid:  # a forked child's copy: the file is its parent's
+def _new_file(directory: Optional[str]) -> Tuple[int, str, bool]:
+    """(descriptor, path the workers open, whether it is a named file to remove)."""
+    if directory is None and hasattr(os, "memfd_create") and os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        fd = os.memfd_create(f"{_PREFIX}control")  # close-on-exec: spawned workers open it by path
+        return fd, f"/proc/{os.getpid()}/fd/{fd}", False
+    directory = directory or _directory()
+    remove_stale(directory)
+    fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=_SUFFIX, dir=directory)
+    return fd, path, True
+
+
+def _release(path: Optional[str], mapped: mmap.mmap, fd: Optional[int], owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked child's copy: the block is its parent's
         return
     mapped.close()
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    if fd is not None:
+        os.close(fd)
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 class ControlBlock:
@@ -108,10 +124,11 @@ class ControlBlock:
         worker_timeout: Optional[float] = option_default("worker_timeout"),
         directory: Optional[str] = None,
     ) -> "ControlBlock":
-        """A new, zeroed control block for ``py_num_workers`` workers (stale ones are removed first)."""
-        directory = directory or _directory()
-        remove_stale(directory)
-        fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=_SUFFIX, dir=directory)
+        """A new, zeroed control block for ``py_num_workers`` workers: anonymous memory (a
+        ``memfd`` the workers open through ``/proc``: nothing to leave behind, however the process
+        ends) where Linux has it and no ``directory`` is given, else a file there (stale ones of
+        dead processes are removed first)."""
+        fd, path, named = _new_file(directory)
         try:
             size = _HEADER_SIZE + _SLOT_SIZE * py_num_workers
             os.ftruncate(fd, size)
@@ -119,10 +136,15 @@ class ControlBlock:
             block._map = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            if named:
+                os.unlink(path)
             raise
-        os.close(fd)
-        block._finalizer = weakref.finalize(block, _release, path, block._map, block.owner_pid)
+        if named:
+            os.close(fd)
+        block._unlinked = not named  # a memfd has no name to remove
+        block._finalizer = weakref.finalize(
+            block, _release, path if named else None, block._map, None if named else fd, block.owner_pid
+        )
         _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), py_num_workers)
         return block
 

@@ -4,8 +4,8 @@ WebDataset does. Runs in the worker processes; imports no DALI.
 ========================  ==================================================================
 extension                 value
 ========================  ==================================================================
-``cls``, ``index``,       a Python ``int`` (decimal text; a ``ShardFormatError`` otherwise)
-``label``
+``cls``, ``index``,       a Python ``int`` (the whole member: decimal text, see ``decode_int``;
+``label``                 a ``ShardFormatError`` otherwise)
 ``json``                  the parsed object (``json.loads``)
 ``npy``                   an ``np.ndarray``, dtype and shape kept (``np.load``, ``allow_pickle=False``)
 ``txt``                   a ``str`` (UTF-8)
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -28,10 +29,20 @@ import numpy as np
 from dali_shards.fields import INT_EXTENSIONS, Decoder
 
 
+INT_TEXT_BYTES = 64  # an integer member's most bytes: an int64 takes 20, the rest is room for whitespace
+_INT_TEXT = re.compile(rb"[ \t\n\r\f\v]*([+-]?[0-9]+)[ \t\n\r\f\v]*")
+
+
 def decode_int(data: bytes | memoryview | np.ndarray) -> int:
-    """A decimal text integer that fits in 64 bits (``ValueError`` otherwise)."""
-    text = bytes(data[:64]).strip()  # an int64 has at most 20 characters
-    value = int(text)
+    """The whole of ``data`` as a decimal text integer that fits in 64 bits: ASCII digits, an
+    optional sign, optional ASCII whitespace around them, at most ``INT_TEXT_BYTES`` bytes in all
+    (``ValueError`` saying what is wrong otherwise; a long member is refused unread)."""
+    if len(data) > INT_TEXT_BYTES:
+        raise ValueError(f"{len(data)} bytes long, more than the {INT_TEXT_BYTES} an integer's text may take")
+    match = _INT_TEXT.fullmatch(bytes(data))
+    if match is None:
+        raise ValueError("not a text integer (ASCII digits, an optional sign, whitespace around them)")
+    value = int(match.group(1))
     if not -(1 << 63) <= value < (1 << 63):
         raise ValueError(f"{value} does not fit in 64 bits")
     return value

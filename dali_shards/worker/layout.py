@@ -36,7 +36,7 @@ from dali_shards.io.tarheader import printable
 from dali_shards.options import ImageCheck, option_default
 from dali_shards.worker.decoders import decode_int, decode_npy
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, image_problem
-from dali_shards.worker.outputs import OutputSpec
+from dali_shards.worker.outputs import DALI_DTYPES, OutputSpec
 from dali_shards.worker.slots import (  # noqa: F401 - the layout's vocabulary, imported from here too
     EMPTY,
     INDEX,
@@ -59,6 +59,28 @@ from dali_shards.worker.slots import (  # noqa: F401 - the layout's vocabulary, 
 def _aligned(size: int) -> int:
     """``size`` rounded up to a multiple of 8."""
     return (size + 7) & ~7
+
+
+CARRIED = ", ".join(sorted(DALI_DTYPES))  # the dtypes an array travels as, for messages
+
+
+def _check_carried_type(name: str, dtype: str) -> None:
+    """A ConfigError unless an array of ``dtype`` can go to DALI (the first sample's checks make
+    sure it can: this guards the transfers, which take only those)."""
+    if dtype not in DALI_DTYPES:
+        raise ConfigError(f"field {name!r} would travel as a {dtype} array, which DALI cannot carry (only {CARRIED})")
+
+
+def check_npy_dtype(sample: RawSample, name: str, array: np.ndarray) -> np.ndarray:
+    """``array``, field ``name`` of ``sample`` read from an ``.npy`` member (no ``map``), if DALI
+    can carry its dtype; a ShardFormatError naming the field, the shard and the sample otherwise."""
+    if array.dtype.name not in DALI_DTYPES:
+        raise ShardFormatError(
+            sample.url, f"field {name!r} is a .npy array of dtype {array.dtype}, which DALI cannot carry",
+            key=sample.key, hint=f"store it as one of {CARRIED} (e.g. a.astype(np.float32); complex numbers as a "
+            "last axis of 2, np.stack([a.real, a.imag], -1)), convert it in a map=, or pass on_error='skip' to skip it",
+        )  # fmt: skip
+    return array
 
 
 class SampleLayout:
@@ -94,6 +116,7 @@ class SampleLayout:
             dtype, ndim = None, None
             if kind == FieldKind.ARRAY:
                 dtype, ndim = (arrays.get(name) or ("uint8", 1)) if outputs is None else array_type(outputs, name)
+                _check_carried_type(name, dtype)
             if name == payload and table:
                 if kind not in (FieldKind.BYTES, FieldKind.ARRAY):
                     raise ConfigError(f"payload field {payload!r} must be a member's bytes or an array, not {kind}")
@@ -308,12 +331,13 @@ class SampleLayout:
             return decode_int(data)
         except ValueError as exc:
             what = "an integer that fits in 64 bits" if "64 bits" in str(exc) else "a text integer"
+            shown = f"{bytes(data[:40])!r}" + ("..." if len(data) > 40 else "")
             raise ShardFormatError(
                 sample.url,
-                f"field {spec.name!r} must hold {what}, got {bytes(data)[:40]!r}",
+                f"field {spec.name!r} must hold {what}, got {shown} ({exc})",
                 key=sample.key,
-                hint="write class labels as decimal text (e.g. b'281'), or request the field as bytes "
-                "under another extension",
+                hint="write class labels as decimal text, the whole member (e.g. b'281' or b'-3\\n'), or request "
+                "the field as bytes under another extension",
             ) from None
 
     @staticmethod
@@ -325,6 +349,7 @@ class SampleLayout:
                 sample.url, f"field {spec.name!r} is not a readable .npy array ({exc})", key=sample.key,
                 hint="write it with np.save (numeric dtypes, no pickled objects)",
             ) from None  # fmt: skip
+        check_npy_dtype(sample, spec.name, array)
         if (array.dtype.name, array.ndim) != (spec.dtype, spec.ndim):
             raise ShardFormatError(
                 sample.url,

@@ -24,6 +24,7 @@ import numpy as np
 from dali_shards.worker.decoders import native
 from dali_shards.fields import FieldKind
 
+# the dtypes an array travels as (DALI's types): the one list, which the transfers use too
 DALI_DTYPES = frozenset(
     {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
 )
@@ -59,7 +60,8 @@ def _array(name: str, value: Any) -> np.ndarray:
     if array.dtype.name not in DALI_DTYPES:
         raise OutputTypeError(
             f"output {name!r} is {type(value).__name__} of dtype {array.dtype}, which DALI cannot take: return "
-            "an int, bytes or a NumPy array of numbers or bools (encode strings to bytes or token ids)"
+            f"an int, bytes or a NumPy array of numbers or bools ({', '.join(sorted(DALI_DTYPES))}; encode strings "
+            "to bytes or token ids)"
         )
     return owned(native(array), value)
 

@@ -159,8 +159,10 @@ def test_rewriting_warns_about_stale_index_files(tmp_path, capsys):
 
 def test_inspect_counts_only_readable_shards(tmp_path, capsys):
     paths = write_sample_shards(str(tmp_path), shard_sizes=(3, 4))
-    missing = [str(tmp_path / f"gone-{i}.tar") for i in range(2)]
-    assert cli("inspect", *paths, *missing, "--quiet") == 1
+    damaged = [tmp_path / f"bad-{i}.tar" for i in range(2)]
+    for path in damaged:
+        path.write_bytes(b"garbage" * 100)
+    assert cli("inspect", *paths, *damaged, "--quiet") == 1
     out = capsys.readouterr().out
     assert "min 3, max 4, empty 0, unreadable 2" in out
 

@@ -27,8 +27,8 @@ def test_typical_use_passes_mypy_strict_and_misuse_is_caught(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     out = mypy("misuse.py", tmp_path)
     errors = re.findall(r"misuse\.py:(\d+): error", out.stdout)
-    assert out.returncode == 1 and len(errors) == 4, out.stdout + out.stderr
-    for what in ('"batch_size"', '"shufle"', '"max_count"', '"keep_padding"'):
+    assert out.returncode == 1 and len(errors) == 6, out.stdout + out.stderr
+    for what in ('"batch_size"', '"shufle"', '"max_count"', '"keep_padding"', '"sed"', '"ragged"'):
         assert what in out.stdout
 
 
@@ -44,3 +44,16 @@ def test_the_package_type_checks_clean(tmp_path):
     args = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")]
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "Success" in out.stdout, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_type_checkers_find_the_package_as_the_readme_installs_it(tmp_path):
+    """After the README's install (an editable install in ``compat`` mode), mypy run from any
+    folder finds dali_shards: setuptools' default editable finder is invisible to static tools."""
+    user = tmp_path / "user.py"
+    user.write_text('from dali_shards import ShardWriter\nShardWriter("x-%d.tar", max_count="3")\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")}
+    args = [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports", "silent", str(user)]
+    out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert '"max_count" to "ShardWriter" has incompatible type "str"' in out.stdout, (
+        out.stdout + out.stderr + "\n(install as the README says: pip install -e . --config-settings editable_mode=compat)"
+    )

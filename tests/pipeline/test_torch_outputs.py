@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dali_shards import sharded_pipeline
-from dali_shards.errors import ConfigError
+from dali_shards.errors import ConfigError, RaggedOutputError
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.tools.writer import write_shard
 
@@ -55,7 +55,7 @@ def check_sample(key, boxes, i):
 def test_ragged_outputs_come_as_lists_and_keys_as_strings(ragged_shards, transfer):
     seen = Counter()
     for rank in range(3):
-        it = DALIShardedIterator(make_pipe(ragged_shards, transfer)(rank=rank), ["key", "boxes", "i"])
+        it = DALIShardedIterator(make_pipe(ragged_shards, transfer)(rank=rank), ["key", "boxes", "i"], ragged_outputs=["boxes"])
         for (batch,) in it:
             assert isinstance(batch["key"], list) and isinstance(batch["boxes"], list)
             assert isinstance(batch["i"], torch.Tensor)  # dense outputs stay tensors
@@ -67,7 +67,8 @@ def test_ragged_outputs_come_as_lists_and_keys_as_strings(ragged_shards, transfe
 
 
 def test_padded_ragged_outputs_carry_their_shapes(ragged_shards, transfer):
-    it = DALIShardedIterator(make_pipe(ragged_shards, transfer, world=1)(), ["key", "boxes", "i"], ragged="pad")
+    it = DALIShardedIterator(make_pipe(ragged_shards, transfer, world=1)(), ["key", "boxes", "i"], ragged="pad",
+                             ragged_outputs=["boxes"])  # fmt: skip
     seen = 0
     for (batch,) in it:
         padded, shapes = batch["boxes"], batch["boxes_shape"]
@@ -82,14 +83,15 @@ def test_padded_ragged_outputs_carry_their_shapes(ragged_shards, transfer):
 
 
 def test_kept_padding_keeps_list_lengths_with_the_mask(ragged_shards):
-    it = DALIShardedIterator(make_pipe(ragged_shards, "ring")(rank=2), ["key", "boxes", "i"], keep_padding=True)
+    it = DALIShardedIterator(make_pipe(ragged_shards, "ring")(rank=2), ["key", "boxes", "i"], keep_padding=True,
+                             ragged_outputs=["boxes"])  # fmt: skip
     sizes = [(len(b["key"]), len(b["boxes"]), int(b["__valid__"].sum())) for (b,) in it]
     assert all(k == n == 4 for k, n, _ in sizes)
     assert sum(valid for _, _, valid in sizes) < 4 * len(sizes), "rank 2 holds padding"
 
 
 def test_reset_mid_epoch_keeps_ragged_outputs_with_their_batch(ragged_shards, transfer):
-    it = DALIShardedIterator(make_pipe(ragged_shards, transfer, world=1)(), ["key", "boxes", "i"])
+    it = DALIShardedIterator(make_pipe(ragged_shards, transfer, world=1)(), ["key", "boxes", "i"], ragged_outputs=["boxes"])
     next(it)
     it.reset()  # batches prepared ahead are read and discarded with their converted outputs
     for _ in range(2):
@@ -106,7 +108,7 @@ def test_ragged_option_is_checked(ragged_shards):
 
 
 def test_load_state_dict_keeps_keys_as_strings(ragged_shards):
-    it = DALIShardedIterator(make_pipe(ragged_shards, "ring", world=1)(), ["key", "boxes", "i"])
+    it = DALIShardedIterator(make_pipe(ragged_shards, "ring", world=1)(), ["key", "boxes", "i"], ragged_outputs=["boxes"])
     next(it)
     state = it.state_dict()
     it.load_state_dict(state)
@@ -114,30 +116,69 @@ def test_load_state_dict_keeps_keys_as_strings(ragged_shards):
     assert all(isinstance(k, str) for k in batch["key"])
 
 
-def test_an_output_keeps_its_type_once_ragged_and_named_ones_from_the_start():
+def test_each_output_has_one_type_in_every_batch():
+    """Ragged outputs are ragged from the first batch, dense ones dense; an undeclared output whose
+    samples differ is one clear error (it used to turn into a list mid-epoch)."""
     from nvidia.dali.tensors import TensorListCPU
 
     from dali_shards.torch_outputs import BatchOutputs
 
     dense = TensorListCPU(np.zeros((2, 1, 4), np.float32))
     ragged = TensorListCPU([np.zeros((1, 4), np.float32), np.zeros((2, 4), np.float32)])
-    seen = BatchOutputs(["boxes"], ragged="pad")
     named = BatchOutputs(["boxes"], ragged="pad", always=["boxes"])
-    for outs, batch in ((seen, {}), (named, {})):
-        outs.prepare([dense])
-        outs.finish(batch)
-    assert "boxes_shape" not in seen.pending and named.seen_ragged == {"boxes"}
-    results = []
     for batch_outs in ([dense], [ragged], [dense]):
-        got, named_got = {}, {}
-        seen.prepare(batch_outs)
-        seen.finish(got)
-        results.append(got)
+        got: dict = {}
         named.prepare(batch_outs)
-        named.finish(named_got)
-        assert "boxes_shape" in named_got, "a named output is padded in every batch"
-    assert results[0] == {}, "dense until its first ragged batch (DALI's own tensor)"
-    for got in results[1:]:  # from the first ragged batch on: padded, with shapes, dense batches too
-        assert got["boxes"].shape[0] == 2 and got["boxes_shape"].shape == (2, 2)
+        named.finish(got)
+        assert got["boxes"].shape[0] == 2 and got["boxes_shape"].shape == (2, 2), "padded, with shapes, every batch"
+    undeclared = BatchOutputs(["boxes"], ragged="pad")
+    undeclared.prepare([dense])
+    undeclared.finish({})
+    with pytest.raises(RaggedOutputError, match=r"output 'boxes' .*\(1, 4\) and \(2, 4\), in batch 2 .* ragged_outputs=\['boxes'\]"):
+        undeclared.prepare([ragged])
     with pytest.raises(ConfigError, match="ragged_outputs names"):
         BatchOutputs(["boxes"], always=["box"])
+
+
+def uniform_then_ragged(sample):
+    """Boxes of one shape in the first batches (keys 0..7), then of varying shapes; and the bytes
+    of the key (a bytes output: ragged without being named)."""
+    i = int(sample["__key__"].rsplit("_", 1)[1])
+    return {"boxes": np.zeros((1 if i < 8 else i % 4, 4), np.float32), "i": np.int64(i), "name": sample["__key__"].encode()}
+
+
+@pytest.mark.parametrize("ragged", ["list", "pad"])
+def test_outputs_have_one_type_from_the_first_batch(ragged_shards, ragged):
+    """A declared output is ragged from the first batch, even where that batch's samples share one
+    shape; bytes outputs are ragged without being declared; an undeclared array output whose samples
+    turn out to differ is one clear error, at the batch where they do (it used to become a list there)."""
+
+    @sharded_pipeline(ragged_shards, fields=("__key__", "json"), map=uniform_then_ragged, batch_size=4,
+                      py_num_workers=1, shuffle=False, num_threads=1, device_id=None)  # fmt: skip
+    def pipe(boxes, i, name):
+        return boxes, i, name
+
+    kinds = set()
+    for (batch,) in DALIShardedIterator(pipe(), ["boxes", "i", "name"], ragged=ragged, ragged_outputs=["boxes", "name"]):
+        assert isinstance(batch["i"], torch.Tensor)
+        kinds.add((type(batch["boxes"]).__name__, "boxes_shape" in batch, type(batch["name"]).__name__))
+    assert kinds == ({("list", False, "list")} if ragged == "list" else {("Tensor", True, "Tensor")})
+    undeclared = DALIShardedIterator(pipe(), ["boxes", "i", "name"], ragged=ragged)
+    batches = [next(undeclared), next(undeclared)]  # keys 0..7: one shape
+    assert all(isinstance(b["boxes"], torch.Tensor) for (b,) in batches)
+    assert all(isinstance(b["name"], list) or "name_shape" in b for (b,) in batches), "bytes: ragged undeclared"
+    with pytest.raises(RaggedOutputError, match=r"output 'boxes' .* in batch 3 .* ragged_outputs=\['boxes', 'name'\]"):
+        next(undeclared)
+
+
+def test_an_undeclared_ragged_output_is_one_clear_error(ragged_shards, transfer):
+    @sharded_pipeline(ragged_shards, fields=("json",), map=load, batch_size=4, py_num_workers=2,
+                      num_threads=1, device_id=None, transfer=transfer)  # fmt: skip
+    def pipe(boxes, i):
+        return boxes * 2, i
+
+    with pytest.raises(RaggedOutputError, match=r"output 'boxes' has samples of different shapes .* ragged_outputs=\['boxes'\]"):
+        for _ in DALIShardedIterator(pipe(), ["boxes", "i"]):
+            pass
+    declared = DALIShardedIterator(pipe(), ["boxes", "i"], ragged_outputs=["boxes"])
+    assert sum(len(b["boxes"]) for (b,) in declared) == N

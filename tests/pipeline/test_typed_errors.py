@@ -143,3 +143,40 @@ def torch_types():
     import torch
 
     return torch.int32, torch.int64, torch.int64
+
+
+def _fails_at_k010(s):
+    if s["__key__"] == "k010":
+        raise ValueError("bad sample")
+    return {"i": s["__index__"]}
+
+
+@pytest.mark.parametrize("consumer", ["pipe.run", "DALIGenericIterator", "DALIShardedIterator"])
+def test_a_workers_error_is_typed_whoever_runs_the_pipeline(shards, transfer, consumer):
+    """The merge transfer used to raise DALI's plain Exception carrying our text from ``pipe.run()``
+    and DALI's own iterator; both transfers now raise the ShardMapError the worker raised."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    pipe = make(shards, map=_fails_at_k010, transfer=transfer)()
+    with pytest.raises(ShardMapError, match="k010") as raised:
+        if consumer == "pipe.run":
+            pipe.build()
+            for _ in range(100):
+                pipe.run()
+        else:
+            iterator = DALIGenericIterator if consumer == "DALIGenericIterator" else DALIShardedIterator
+            for _ in iterator(pipe, ["i"]):
+                pass
+    assert type(raised.value) is ShardMapError
+
+
+@pytest.mark.parametrize("depth", [{"cpu_size": 2, "gpu_size": 2}, 0, "2"])
+def test_a_queue_depth_dalis_pool_cannot_take_is_refused_on_merge(shards, depth):
+    """A dict prefetch_queue_depth used to fail in DALI's pool with a raw TypeError."""
+    with pytest.raises(ConfigError, match="prefetch_queue_depth=.*transfer='merge'"):
+        make(shards, map=index_map, transfer="merge", prefetch_queue_depth=depth)()
+
+
+def test_separate_queues_work_on_the_ring(shards):
+    pipe = make(shards, map=index_map, prefetch_queue_depth={"cpu_size": 2, "gpu_size": 2})()
+    assert sorted(indices(DALIShardedIterator(pipe, ["i"]))) == list(range(SHARDS * PER_SHARD))

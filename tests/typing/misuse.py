@@ -14,3 +14,5 @@ def pipe(jpg: Any) -> Any:
 sharded_pipeline("x.tar", shufle=True)  # a misspelled option
 ShardWriter("out-%d.tar", max_count="10")  # max_count: str
 DALIShardedIterator(pipe(), ["x"], keep_padding="yes")  # keep_padding: str
+pipe(sed=3)  # a misspelled option where the pipeline is made
+DALIShardedIterator(pipe(), ["x"], ragged="lists")  # not one of "list", "pad"

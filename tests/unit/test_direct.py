@@ -197,3 +197,41 @@ def test_a_span_beyond_its_shard_is_never_allocated_by_the_fast_path(tmp_path):
     config = config_of(manifest, on_error="raise")
     with pytest.raises(ShardFormatError, match=r"d-4\.tar.*lies beyond the end of the file"):
         steps(config, 0, True)
+
+
+def label_text(text):
+    """Shard 4's sample 000026 with ``text`` as its .cls member."""
+
+    def odd(members):
+        return [(n, text if n == "000026.cls" else d) for n, d in members]
+
+    return odd
+
+
+@pytest.mark.parametrize("text", [b"7" + b" " * 63 + b"8", b"0" * 64 + b"5", b"1_000", b"5" * 100_000],
+                         ids=["7-spaces-8", "65-digits", "underscore", "100k-digits"])  # fmt: skip
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_a_label_that_is_not_one_whole_integer_takes_the_general_way(tmp_path, text, on_error):
+    """The fast path parses the whole member as the general way does: not its first 64 bytes."""
+    config = config_of(dataset(tmp_path, label_text(text)), on_error=on_error)
+    if on_error == "skip":
+        fast = steps(config, 0, True)
+        assert fast == steps(config, 0, False)
+        labels = [c for step in fast for c, ok in zip(step[1], step[-1]) if ok[1] == 1]
+        assert sorted(labels) == [i for i in range(60) if i != 26], "sample 000026 skipped, no other label"
+        return
+    with pytest.raises(ShardFormatError, match="'cls' must hold") as fast:
+        steps(config, 0, True)
+    with pytest.raises(ShardFormatError) as general:
+        steps(config, 0, False)
+    assert str(fast.value) == str(general.value)
+    assert fast.value.key == "000026" and fast.value.url.endswith("d-4.tar")
+
+
+@pytest.mark.parametrize("text, value", [(b" +26\n", 26), (b"\t0026 ", 26), (b"26" + b" " * 62, 26)])
+def test_labels_with_signs_zeros_and_whitespace_take_the_fast_path(tmp_path, text, value):
+    config = config_of(dataset(tmp_path, label_text(text)))
+    FALLBACKS.clear()
+    fast = steps(config, 0, True)
+    assert fast == steps(config, 0, False) and not FALLBACKS
+    assert sorted(c for step in fast for c in step[1]) == list(range(60))

@@ -212,3 +212,32 @@ def test_padding_and_skipped_marks():
     skipped = packed.as_skipped(42)
     assert list(skipped.header[:2]) == [42, -1] and skipped.payload is packed.payload
     assert list(packed.header[:2]) == [7, 1], "the original is untouched"
+
+
+# -- integer fields: the whole member is the value -----------------------------------------
+@pytest.mark.parametrize(
+    "text, value",
+    [(b"281", 281), (b" 281\n", 281), (b"\t+12 \r\n", 12), (b"-3", -3), (b"0007", 7), (b"-0", 0),
+     (b"9223372036854775807", (1 << 63) - 1), (b"-9223372036854775808", -(1 << 63)),
+     (b" " * 30 + b"5" + b" " * 30, 5)],
+)  # fmt: skip
+def test_an_integer_field_is_its_whole_text(text, value):
+    for kw in LAYOUTS[:1] + LAYOUTS[-1:]:
+        layout = SampleLayout(("cls",), **kw)
+        assert unpack(layout, layout.pack(sample(cls=text), 0)) == [value]
+
+
+@pytest.mark.parametrize(
+    "text, what",
+    [(b"7" + b" " * 63 + b"8", "text integer"), (b"7 8", "text integer"), (b"0" * 64 + b"5", "65 bytes"),
+     (b"1_000", "text integer"), (b"", "text integer"), (b" \n", "text integer"), (b"0x10", "text integer"),
+     (b"1e3", "text integer"), (b"- 5", "text integer"), (b"+-5", "text integer"), (b"5\x00", "text integer"),
+     (b"\xd9\xa1", "text integer"), (b"3.0", "text integer"), (b"5" * 10_000_000, "10000000 bytes")],
+    ids=["7, spaces, 8", "7 8", "65 digits", "underscore", "empty", "blank", "hex", "exponent", "sign apart",
+         "two signs", "nul", "arabic digit", "decimal point", "10 MB"],
+)  # fmt: skip
+def test_an_integer_field_that_is_not_one_whole_integer_is_a_shard_format_error(text, what):
+    with pytest.raises(ShardFormatError, match="must hold") as err:
+        SampleLayout(("cls",)).pack(sample(key="odd", cls=text), index=0)
+    assert err.value.key == "odd" and err.value.url == "shard-0.tar" and "'cls'" in str(err.value)
+    assert what in str(err.value) and len(str(err.value)) < 1000

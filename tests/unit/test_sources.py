@@ -119,3 +119,28 @@ def test_resolve_world_precedence(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ConfigError, match="RANK"):
         resolve_world()
+
+
+def test_a_brace_pattern_naming_missing_shards_warns_only_of_those_that_exist(tmp_path, caplog):
+    """Issue 31, 11c: shards a brace pattern names but that do not exist are not 'read'; the
+    warning about unlisted shards names only shards that are there, and the error the missing."""
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(3, 2, 4))
+    write_manifest(str(tmp_path / "manifest.json"), scan_shards(paths[:2]))
+    pattern = str(tmp_path / "sample-{000000..000009}.tar")
+    with caplog.at_level("WARNING", logger="dali_shards"), pytest.raises(ShardAccessError) as err:
+        resolve_source(pattern)
+    assert "sample-000003.tar" in str(err.value) and "7 of the 10" in str(err.value)
+    warned = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
+    assert len(warned) == 1 and "sample-000002.tar" in warned[0]
+    assert not any(f"sample-00000{i}.tar" in warned[0] for i in range(3, 10)), "missing shards are not read"
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dali_shards"), pytest.raises(ShardAccessError, match="3 of the 3"):
+        resolve_source(str(tmp_path / "sample-{0..2}.tar"))  # mistyped: sample-0.tar ... do not exist
+    assert "does not list" not in caplog.text and "are read" not in caplog.text
+
+
+@pytest.mark.parametrize("pattern", ["sample-{000000..000002.tar", "sample-000000..000002}.tar"])
+def test_unbalanced_braces_are_a_config_error_naming_the_pattern(tmp_path, shards, pattern):
+    with pytest.raises(ConfigError, match="brace") as err:
+        resolve_source(str(tmp_path / pattern))
+    assert pattern in str(err.value)

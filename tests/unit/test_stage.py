@@ -65,6 +65,10 @@ def test_decoders_can_be_replaced_per_field():
     ("npy", b"not an npy", "cannot be decoded as .npy"),
     ("npy", npy(np.array(["a"], dtype=object)), "cannot be decoded as .npy"),  # pickled objects are refused
     ("cls", b"dog", "cannot be decoded as .cls"),
+    # the whole member, not its first 64 bytes
+    pytest.param("cls", b"7" + b" " * 63 + b"8", "cannot be decoded as .cls", id="cls-7-spaces-8"),
+    pytest.param("label", b"0" * 64 + b"5", "cannot be decoded as .label", id="label-65-digits"),
+    pytest.param("index", b"1_000", "cannot be decoded as .index", id="index-underscore"),
 ])  # fmt: skip
 def test_bad_members_are_format_errors_naming_the_field(field, data, what):
     with pytest.raises(ShardFormatError, match=what) as err:

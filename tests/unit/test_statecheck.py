@@ -77,7 +77,7 @@ def test_states_without_names_are_accepted_with_a_warning(caplog):
         (("seed",), None, "seed must be an integer"),
         (("shuffle",), "yes", "shuffle must be true or false"),
         (("history", 0, "last_batch"), "all", "last_batch must be 'pad' or 'drop'"),
-        (("history", 0, "num_workers"), 0, "num_workers must be an integer >= 1"),
+        (("history", 0, "num_workers"), 0, "num_workers must be an integer in 1..4096"),
         (("dataset",), [], "dataset must be an object"),
         (("history",), {}, "history must be a list"),
     ],
@@ -122,3 +122,54 @@ def test_fuzzed_states_give_config_errors_only(seed):
         resume_point(spec, state, ds)
     except ConfigError:
         pass
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"steps": 300}, "history.0. says 300 steps .* has 250"),  # 100 steps of an 8-step epoch in the issue
+        ({"steps": 250}, "history.0. says 250 steps"),  # the layout's whole epoch: a run saves the next epoch instead
+        ({"world_size": 1000}, ".* world_size=1000, .* has 1:"),  # the plan of that world has 1 step, not 100
+        ({"world_size": 10**9}, r"history.0..world_size must be an integer in 1..1048576"),
+        ({"num_workers": 10**6, "batch_size": 10**6}, r"history.0..num_workers must be an integer in 1..4096"),
+        ({"last_batch": "drop", "batch_size": 400}, "history.0. says 100 steps .* has 2"),
+    ],
+)
+def test_impossible_layouts_are_refused_not_skipped_to_the_next_epoch(change, words):
+    """A state no run could have saved used to resume at the next epoch, silently dropping the rest of the saved one."""
+    ds = DatasetId.of(URLS, COUNTS)
+    spec, state = state_after(ds)
+    state["history"][0].update(change)
+    with pytest.raises(ConfigError, match="malformed state: " + words):
+        resume_point(spec, state, ds)
+
+
+@pytest.mark.parametrize("key, value", [("samples", 5), ("shards", 3)])
+def test_dataset_totals_must_agree_with_what_the_state_fingerprints(key, value):
+    ds = DatasetId.of(URLS, COUNTS)
+    spec, state = state_after(ds)
+    state["dataset"][key] = value
+    with pytest.raises(ConfigError, match=f"malformed state: dataset.{key} is {value}"):
+        resume_point(spec, state, ds)
+
+
+def test_changed_counts_name_the_shards_that_changed():
+    """Samples moved between shards: the totals agree, so the message names the shards instead."""
+    spec, state = state_after(DatasetId.of(URLS, COUNTS))
+    moved = COUNTS[:3] + [150, 250] + COUNTS[5:]
+    with pytest.raises(ConfigError) as refused:
+        resume_point(spec, state, DatasetId.of(URLS, moved))
+    text = str(refused.value)
+    assert "the same 2000 samples in 10 shards" in text
+    assert "changed: shard-003.tar (now 150 samples), shard-004.tar (now 250 samples)" in text
+    assert "shard-002" not in text and "shard-005" not in text
+
+
+def test_changed_counts_in_a_large_dataset_name_a_run_of_shards_and_the_state_stays_small():
+    urls = [f"s3://b/part-{i:06d}.tar" for i in range(100_000)]
+    counts = [1000] * 100_000
+    spec, state = state_after(DatasetId.of(urls, counts))
+    assert len(json.dumps(state)) < 1500
+    counts[77_777] += 1
+    with pytest.raises(ConfigError, match=r"changed: one of part-075000.tar .. part-078124.tar"):
+        resume_point(spec, state, DatasetId.of(urls, counts))

@@ -102,3 +102,26 @@ def test_duplicate_member_in_a_sample(tmp_path):
 )
 def test_split_key(name, expected):
     assert split_key(name) == expected
+
+
+@pytest.mark.parametrize(
+    "content", [b"hello, world\n", b"<html>not found</html>\n" * 10, b"\x89PNG\r\n\x1a\n" + b"\0" * 40]
+)
+def test_a_small_file_that_is_not_a_tar_is_not_called_truncated(tmp_path, content):
+    bad = tmp_path / "small.tar"
+    bad.write_bytes(content)
+    with pytest.raises(ShardFormatError) as err:
+        ours(str(bad))
+    text = str(err.value)
+    assert err.value.url == str(bad) and "not a tar archive" in text and "no valid tar header at byte 0" in text
+    assert "truncated" not in text and "cut short" not in err.value.detail
+    assert f"{len(content)} bytes" in text
+
+
+def test_a_tar_cut_inside_its_first_header_is_still_truncated(tmp_path):
+    path = make_tar(tmp_path / "t.tar", [("000.jpg", b"x" * 600)])
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(open(path, "rb").read()[:300])
+    with pytest.raises(ShardFormatError, match="truncated tar archive.*first header") as err:
+        ours(str(cut))
+    assert "re-create" in str(err.value)

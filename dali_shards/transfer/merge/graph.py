@@ -13,9 +13,10 @@ import numpy as np
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
-from nvidia.dali.types import DALIDataType
+from nvidia.dali.types import DALIDataType, to_dali_type
 
 from dali_shards.worker.layout import SampleLayout, table_slot
+from dali_shards.worker.outputs import DALI_DTYPES
 from dali_shards.fields import FieldKind
 
 
@@ -78,12 +79,8 @@ def _cut(data: DataNode, offset: DataNode, length: DataNode | np.ndarray) -> Dat
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
-_DALI_TYPES = {
-    "bool": DALIDataType.BOOL, "uint8": DALIDataType.UINT8, "int8": DALIDataType.INT8,
-    "uint16": DALIDataType.UINT16, "int16": DALIDataType.INT16, "uint32": DALIDataType.UINT32,
-    "int32": DALIDataType.INT32, "uint64": DALIDataType.UINT64, "int64": DALIDataType.INT64,
-    "float16": DALIDataType.FLOAT16, "float32": DALIDataType.FLOAT, "float64": DALIDataType.FLOAT64,
-}  # fmt: skip
+# the dtypes an array may travel as: one list (``worker/outputs.py``), which the layout checks
+_DALI_TYPES = {name: to_dali_type(name) for name in sorted(DALI_DTYPES)}
 
 
 @do_not_convert

@@ -6,7 +6,9 @@ fails loudly on such a DALI version). Imports no DALI.
 
 - ``WorkerWatch`` keeps DALI from blocking forever when a worker process dies.
 - ``kill_workers`` ends every worker of a pipeline at once (stopped ones too).
-- ``start_collected`` makes a pipeline collect garbage before its workers fork.
+- ``start_collected`` makes a pipeline collect garbage before its workers fork, and raise a
+  worker's error as the dali_shards error it was wherever DALI receives it (``pipe.run()``, DALI's
+  own iterators, ours).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import weakref
 from typing import Any, List, Optional, Tuple
 
+from dali_shards.errors import from_worker
 from dali_shards.transfer.base import dead_of, kill_all, pids_of
 
 log = logging.getLogger("dali_shards")
@@ -133,4 +136,28 @@ def _start_collected(ref: Any, *args: Any, **kwargs: Any) -> Any:
     DALI's shutdown of it never returns and the new pipeline's start hangs."""
     gc.collect()
     pipeline = ref()
-    return type(pipeline).start_py_workers(pipeline, *args, **kwargs)
+    started = type(pipeline).start_py_workers(pipeline, *args, **kwargs)
+    _raise_typed(getattr(pipeline, "_py_pool", None))
+    return started
+
+
+def _raise_typed(pool: Any) -> None:
+    """Make ``pool`` raise a worker's error as the dali_shards error it was (``errors.carry``),
+    not as DALI's plain ``Exception`` holding its text: the one place all of DALI's callers of the
+    pool (``pipe.run()``, its iterators) receive a batch."""
+    receive = getattr(pool, "receive_batch", None)
+    if receive is None:
+        return
+
+    def receive_typed(context_i: int) -> Any:
+        try:
+            return receive(context_i)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            carried = from_worker(exc)
+            if carried is None:
+                raise
+            raise carried from None
+
+    pool.receive_batch = receive_typed

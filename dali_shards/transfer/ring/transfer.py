@@ -22,6 +22,7 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.tensors import TensorCPU
 
 from dali_shards.errors import WorkerError
+from dali_shards.userwarn import warn_user
 from dali_shards.transfer.base import steps_in_flight
 from dali_shards.transfer.ring.assemble import assemble, output_types
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, WorkerGone
@@ -185,8 +186,8 @@ def _build_started(ref: Any, workers: RingWorkers, fields: Sequence[str]) -> Any
         unused = [fields[int(i)] for i in re.findall(r"\d+", text.split("not used")[0].split("index")[-1])
                   if int(i) < len(fields)]  # fmt: skip
         if unused:
-            warnings.warn(
+            warn_user(
                 f"dali_shards: fields {unused} are read and sent to the pipeline but its function does not use "
-                "them: leave them out of fields= to save their reading and transfer", stacklevel=2,
-            )  # fmt: skip
+                "them: leave them out of fields= to save their reading and transfer"
+            )
     return result

@@ -1,0 +1,75 @@
+"""A manifest served over HTTP (issue 31, items 4 and 5): its entries stay on its server unless
+``manifest_foreign_urls=True``, and its counts are checked against the served shards' sizes and
+first bytes before anything is planned."""
+
+import json
+import os
+
+import pytest
+
+from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.errors import ConfigError
+from dali_shards.options import StorageOptions
+from dali_shards.testing.servers import HTTPShardServer
+from dali_shards.tools.writer import write_shard
+
+pytest.importorskip("aiohttp")
+FAST = dict(backoff=0.01, max_backoff=0.05, retries=1)
+
+
+def samples(count):
+    return [{"__key__": f"{i:06d}", "txt": "x" * 500} for i in range(count)]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A served folder with one 40-sample shard, and a local shard outside it."""
+    root = tmp_path / "served"
+    root.mkdir()
+    write_shard(str(root / "s.tar"), samples(40))
+    local = tmp_path / "private" / "p.tar"
+    local.parent.mkdir()
+    write_shard(str(local), samples(5))
+    with HTTPShardServer(str(root)) as server:
+        yield server, root, str(local)
+
+
+def serve_manifest(root, entries):
+    (root / "manifest.json").write_text(json.dumps({"format": "dali-shards-manifest", "version": 2, "shards": entries}))
+
+
+@pytest.mark.parametrize("spelling", ["path", "file_url"])
+def test_an_http_manifest_cannot_make_the_loader_read_local_files(served, spelling):
+    server, root, local = served
+    entry = local if spelling == "path" else "file://" + local
+    serve_manifest(root, [{"url": "s.tar", "samples": 40}, {"url": entry, "samples": 5}])
+    manifest = f"{server.url}/manifest.json"
+    with pytest.raises(ConfigError) as err:
+        resolve_source(manifest, config=StorageOptions(**FAST))
+    text = str(err.value)
+    assert manifest in text and "entry 1" in text and entry in text and "manifest_foreign_urls=True" in text
+    shards = resolve_source(manifest, config=StorageOptions(manifest_foreign_urls=True, **FAST))
+    assert [s.samples for s in shards] == [40, 5] and shards[1].url == entry  # the explicit opt-in
+
+
+def test_an_http_manifest_with_an_absurd_count_is_refused_at_the_start(served):
+    server, root, _ = served
+    size = os.path.getsize(root / "s.tar")
+    serve_manifest(root, [{"url": "s.tar", "samples": 100_000_000, "bytes": size}])
+    with pytest.raises(ConfigError, match=r"entry 0.*s\.tar.*100000000 samples"):
+        resolve_source(f"{server.url}/manifest.json", config=StorageOptions(**FAST))
+    write_manifest(str(root / "manifest.json"), scan_shards([str(root / "s.tar")]))  # the true one reads
+    assert resolve_source(f"{server.url}/manifest.json", config=StorageOptions(**FAST))[0].samples == 40
+
+
+def test_the_cli_refuses_foreign_entries_unless_told(served, capsys):
+    from dali_shards.cli import main
+
+    server, root, local = served
+    serve_manifest(root, [{"url": "s.tar", "samples": 40}, {"url": local, "samples": 5}])
+    manifest = f"{server.url}/manifest.json"
+    assert main(["plan", manifest, "--workers", "1", "--batch-size", "5", "--json"]) == 2
+    assert "manifest_foreign_urls" in capsys.readouterr().err
+    assert main(["plan", manifest, "--workers", "1", "--batch-size", "5", "--json", "--manifest-foreign-urls"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 45

@@ -46,13 +46,15 @@ def _start(args):
 
 
 def _upload(endpoint: str, paths, manifest: str) -> None:
+    from dali_shards.catalog.table import table_path
+
     import boto3
 
     s3 = boto3.client(
         "s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
     )
     s3.create_bucket(Bucket=BUCKET)
-    for p in [*paths, manifest]:
+    for p in [*paths, manifest, table_path(manifest)]:
         s3.upload_file(p, BUCKET, os.path.basename(p))
 
 
@@ -108,7 +110,8 @@ def main(argv=None) -> None:
 
     from bench_data import build_bench_shards
 
-    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.scan import scan_shards
+    from dali_shards.catalog.manifest import write_manifest
 
     data = bench_dir(args.data_dir, args.samples, args.per_shard)
     paths = build_bench_shards(data, num_samples=args.samples, samples_per_shard=args.per_shard)

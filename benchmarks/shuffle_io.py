@@ -169,7 +169,8 @@ def main(argv=None) -> dict:
     from bench_data import build_bench_shards
     from remote import _start, _upload
 
-    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.scan import scan_shards
+    from dali_shards.catalog.manifest import write_manifest
 
     data = bench_dir(args.data_dir, args.samples, args.per_shard)
     paths = build_bench_shards(data, num_samples=args.samples, samples_per_shard=args.per_shard)

@@ -19,7 +19,9 @@ from dali_shards.errors import (
     UnknownOptionError,
     WorkerError,
 )
-from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
 from dali_shards.options import ShardedOptions, StorageOptions
 from dali_shards.plan.streaming import StreamingSpec

@@ -14,7 +14,9 @@ from dali_shards import __version__
 from dali_shards.errors import ConfigError, DaliShardsError, ShardAccessError
 from dali_shards.options import option_default
 from dali_shards.tools.plan_report import plan_summary
-from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shard, write_manifest
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.scan import scan_shard
+from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote

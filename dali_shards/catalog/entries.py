@@ -48,9 +48,9 @@ def is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_entry(path: str, i: int, entry: object) -> Entry:
-    """Entry ``i`` of manifest ``path``, its fields checked; a ConfigError naming the manifest,
-    the entry and the field otherwise."""
+def check_entry(path: str, i: int, entry: object, version: int = 2) -> Entry:
+    """Entry ``i`` of manifest ``path`` (of format ``version``), its fields checked; a ConfigError
+    naming the manifest, the entry and the field otherwise."""
 
     def bad(name: str, what: str) -> ConfigError:
         value = entry.get(name) if isinstance(entry, dict) else entry
@@ -75,6 +75,9 @@ def check_entry(path: str, i: int, entry: object) -> Entry:
         if sum(ext_bytes.values()) > room:
             raise bad("ext_bytes", f"member bytes that fit in the samples' blocks (at most {room} in all) or absent")
     keys = _key_crc(entry.get("key_crc32"), samples, bad)
+    for flag in ("spans", "keys") if version >= 3 else ():
+        if entry.get(flag, True) not in (True, False):
+            raise bad(flag, "true or false, or absent")
     return Entry(entry["url"], samples, size, ext_bytes, offsets, keys)
 
 

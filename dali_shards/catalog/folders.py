@@ -8,7 +8,8 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from dali_shards.catalog.manifest import ShardInfo, read_manifest
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.manifest import read_manifest
 from dali_shards.catalog.origins import warn_outside_folder
 from dali_shards.errors import ConfigError
 from dali_shards.io.storage import local_path

@@ -2,15 +2,19 @@
 
 A manifest is a JSON file listing the shards (paths relative to the manifest) and how many
 samples each holds, so that planning an epoch never needs to open a shard; optionally the shard's
-size, its member bytes per extension, and (version 2, uncompressed shards) where each sample
-lies, so that a worker can read any run of samples with one positioned or ranged read::
+size and its member bytes per extension. Where each sample lies (so that a worker can read any run
+of samples with one positioned or ranged read) and its key's fingerprint are, in version 3, in the
+manifest's *sample table* beside it (``catalog.table``), which only the workers that read a shard
+read, its record alone::
 
-    {"format": "dali-shards-manifest", "version": 2,
+    {"format": "dali-shards-manifest", "version": 3, "sample_table": "manifest.samples",
      "shards": [{"url": "train-000000.tar", "samples": 1000, "bytes": 104857600,
-                 "ext_bytes": {"cls": 3000, "jpg": 104000000},
-                 "sample_blocks": "215 198 240 ...", "key_crc32": "q3Lx..."}, ...]}
+                 "ext_bytes": {"cls": 3000, "jpg": 104000000}}, ...]}
 
-``sample_blocks`` lists, for each sample, the 512-byte tar blocks from where its headers begin to
+An entry says ``"spans": false`` where its offsets are unknown (a compressed shard) and
+``"keys": false`` where its key fingerprints are. Version 2 held both inline, in every entry
+(``"sample_blocks": "215 198 240 ...", "key_crc32": "q3Lx..."``): every process that read it parsed
+every sample's; it is still read (with a warning where that is large). ``sample_blocks`` lists, for each sample, the 512-byte tar blocks from where its headers begin to
 where the next sample's begin (the last sample's: to the end-of-archive marker); the first sample
 begins at byte 0. ``key_crc32`` (optional) holds each sample's key fingerprint, the CRC-32 of its
 key, as the base64 of little-endian uint32s: a worker that reads a sample checks its key against
@@ -29,151 +33,31 @@ manifest's entries must lie on its own server or bucket unless ``manifest_foreig
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import os
 import posixpath
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from dali_shards.catalog.entries import BLOCK, check_entry, is_count
+from dali_shards.catalog.entries import BLOCK, Entry, check_entry, is_count
 from dali_shards.catalog.origins import check_entry_origin
-from dali_shards.errors import ConfigError, ManifestNotFound, ShardAccessError, ShardError
-from dali_shards.io.fsrequest import probe, unreachable
-from dali_shards.options import StorageOptions
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.table import decode, record_starts, records_of, table_path, write_table
+from dali_shards.errors import ConfigError, ManifestNotFound, ShardAccessError
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
-from dali_shards.io.fsrequest import http_status
+from dali_shards.io.fsrequest import http_status, probe, unreachable
 from dali_shards.io.ranged import RangeReader
-from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarscan import ShardStats, key_fingerprints, scan_tar
-from dali_shards.options import OnError, option_default
+from dali_shards.io.storage import local_path
+from dali_shards.options import StorageOptions
 
 log = logging.getLogger("dali_shards")
 
 MANIFEST_FORMAT = "dali-shards-manifest"
-MANIFEST_VERSION = 2
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """A shard's URL, its number of samples, its stored size in bytes, the bytes of its members
-    per extension, and ``offsets``: where each sample's headers begin and where the last one ends
-    (``samples + 1`` byte offsets, int64; uncompressed shards only), and ``key_crc``, each sample's
-    key fingerprint (``io.tarscan.key_fingerprint``, uint32) -- each when known. A damaged
-    shard counted with ``on_error="skip"`` says why in ``damage``, and how many samples are known
-    lost in ``lost`` (at least; those after the damage cannot be counted)."""
-
-    url: str
-    samples: int
-    bytes: Optional[int] = None
-    ext_bytes: Optional[Dict[str, int]] = field(default=None, hash=False)
-    offsets: Optional[np.ndarray] = field(default=None, hash=False, compare=False, repr=False)
-    key_crc: Optional[np.ndarray] = field(default=None, hash=False, compare=False, repr=False)
-    damage: Optional[str] = field(default=None, compare=False)  # why only ``samples`` could be counted
-    lost: int = field(default=0, compare=False)  # with ``damage``: samples known lost (more may be)
-
-    @staticmethod
-    def offsets_from(values: Optional[Union[Sequence[int], np.ndarray]]) -> Optional[np.ndarray]:
-        """``values`` as the read-only int64 array ``offsets`` holds (None stays None)."""
-        if values is None:
-            return None
-        array = np.asarray(values, dtype=np.int64)
-        array.setflags(write=False)
-        return array
-
-
-_scan_cache: Dict[Tuple[str, int, int], ShardStats] = {}
-_scan_lock = threading.Lock()
-
-
-def _cache_key(url: str) -> Optional[Tuple[str, int, int]]:
-    path = local_path(url)
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-
-
-def stored_size(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[int]:
-    """A shard's stored size in bytes: from the file system, or one metadata request for a
-    remote shard (None if the server does not say)."""
-    if not is_remote(url):
-        return shard_size(url)
-    reader = RangeReader(url, config)
-    if reader.http:
-        try:
-            return reader.metadata_size()
-        except ShardAccessError:  # the size is optional over HTTP
-            return None
-    return reader.object_size()
-
-
-def scan_shard(url: str, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
-    """Count a shard's samples from its tar headers (member data is seeked over, not read).
-
-    With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
-    that cannot be opened counts none (both with a warning)."""
-    key = _cache_key(url)
-    with _scan_lock:
-        cached = _scan_cache.get(key) if key else None
-    remote = is_remote(url)
-    size = None if remote else shard_size(url)
-    if cached is None:
-        try:
-            if remote:  # asked once here, so that the stream does not ask again
-                size = stored_size(url, config)
-            with open_shard(url, config, size) as stream:
-                cached = scan_tar(stream, url)
-        except (ShardError, OSError, EOFError) as exc:
-            if OnError(on_error) is OnError.RAISE:
-                raise
-            cached = _readable_prefix(url, config)
-            cached.damage = cached.damage or (getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}")
-            log.warning("dali_shards: shard %s is damaged (%s); using its first %d samples", url, exc, cached.samples)
-            key = None  # do not cache a damaged shard's count
-        if key:
-            with _scan_lock:
-                _scan_cache[key] = cached
-    offsets = ShardInfo.offsets_from(cached.offsets)
-    keys = key_fingerprints(cached.keys)
-    return ShardInfo(url, cached.samples, size, dict(cached.ext_bytes), offsets, keys, cached.damage, cached.lost)
-
-
-def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> ShardStats:
-    """The complete samples of a damaged shard before the damage."""
-    try:
-        with open_shard(url, config) as stream:
-            return scan_tar(stream, url, complete_only=True)
-    except Exception:  # noqa: BLE001 - the damage is at the very start (or the shard cannot be opened)
-        return ShardStats()
-
-
-def scan_shards(
-    urls: Sequence[str], max_threads: int = 16, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE
-) -> List[ShardInfo]:
-    """Scan many shards concurrently; results in the order given."""
-    missing = [u for u in urls if (p := local_path(u)) is not None and not os.path.exists(p)]
-    if missing and on_error == "skip":
-        for u in missing:
-            log.warning("dali_shards: shard %s not found; skipping it", u)
-    elif missing:
-        more = (
-            f" ({len(missing)} of the {len(urls)} shards are missing, the last {missing[-1]!r})"
-            if len(missing) > 1
-            else ""
-        )
-        raise ShardAccessError(missing[0], f"file not found{more}", hint="check the shard path or pattern")
-    if len(urls) <= 1:
-        return [scan_shard(u, on_error, config) for u in urls]
-    with ThreadPoolExecutor(max_workers=min(max_threads, len(urls))) as pool:
-        return list(pool.map(lambda u: scan_shard(u, on_error, config), urls))
+MANIFEST_VERSION = 3
+INLINE_WARN_SAMPLES = 1_000_000  # a version-2 manifest holding more samples' offsets inline: warned
 
 
 def _read_text(path: str, config: StorageOptions) -> bytes:
@@ -228,10 +112,10 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
         local = local_path(path)
         assert local is not None  # not remote: local
         base = os.path.dirname(os.path.abspath(local))
-    shards: List[ShardInfo] = []
+    listed: List[Entry] = []
     first: Dict[str, int] = {}
     for i, entry in enumerate(entries):
-        checked = check_entry(path, i, entry)
+        checked = check_entry(path, i, entry, version)
         url = checked.url
         if "://" not in url and not url.startswith("/"):
             url = posixpath.join(base, url) if remote else os.path.join(base, url)
@@ -242,8 +126,65 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
                 "appear once: remove one of them"
             )
         first[url] = i
-        shards.append(ShardInfo(url, *checked[1:]))
+        listed.append(checked._replace(url=url))
+    if version >= 3:
+        return _in_table(path, doc, base, remote, listed, entries)
+    shards = [ShardInfo(*checked) for checked in listed]
+    inline = sum(s.samples for s in shards if s.offsets is not None)
+    if inline > INLINE_WARN_SAMPLES:
+        log.warning(
+            "dali_shards: manifest %s (version %d) holds the offsets of %d samples inline, parsed by every process "
+            "that reads it: rewrite it with `dali-shards index` (version 3 keeps them in a sample table that "
+            "only the workers reading a shard read)", path, version, inline,
+        )  # fmt: skip
     return shards
+
+
+def _in_table(path: str, doc: dict, base: str, remote: bool, shards: List[Entry], entries: list) -> List[ShardInfo]:
+    """A version-3 manifest's shards (their checked entries), each pointed at its record in the sample table."""
+    name = doc.get("sample_table")
+    if not isinstance(name, str) or not name or "/" in name or "://" in name or name in (".", ".."):
+        raise ConfigError(f'manifest {path!r}: "sample_table" must be the name of a file beside it, got {name!r}')
+    table = posixpath.join(base, name) if remote else os.path.join(base, name)
+    starts = record_starts([s.samples for s in shards])  # its size is checked at the start (table.check_tables)
+    return [
+        ShardInfo(*s, table=table, table_at=at, table_spans=e.get("spans", True) is not False,
+                  table_keys=e.get("keys", True) is not False)  # fmt: skip
+        for s, at, e in zip(shards, starts.tolist(), entries)
+    ]
+
+
+def _write_remote(path: str, write: Callable[[], object]) -> None:
+    """``write()`` (a remote manifest or its table), its failure a ConfigError saying what to do."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - named in the message
+        raise ConfigError(
+            f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}. For a read-only server (HTTP), "
+            "write it locally with --manifest local.json and pass local.json as the source; or upload it "
+            "(and its .samples table) beside the shards as manifest.json"
+        ) from None
+
+
+def _inline(info: ShardInfo, config: StorageOptions) -> Dict[str, str]:
+    """A version-2 entry's ``sample_blocks`` and ``key_crc32``, where known."""
+    loaded = load_index(info, config)
+    out = {}
+    if loaded.offsets is not None and loaded.samples:
+        out["sample_blocks"] = sample_blocks(loaded.offsets)
+    if loaded.key_crc is not None and loaded.samples and len(loaded.key_crc) == loaded.samples:
+        out["key_crc32"] = base64.b64encode(np.asarray(loaded.key_crc, dtype="<u4").tobytes()).decode("ascii")
+    return out
+
+
+def load_index(info: ShardInfo, config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
+    """``info`` with its offsets and key fingerprints in memory, read from its sample table if they
+    are in one (tools and tests; pipelines' workers read only the records they need)."""
+    if info.table is None or info.offsets is not None or info.key_crc is not None:
+        return info
+    offsets, keys = decode(info.url, records_of([info], config)[0], info.samples, info.bytes)
+    return dataclasses.replace(info, offsets=offsets if info.table_spans else None, key_crc=keys if info.table_keys else None,
+                               table=None)  # fmt: skip
 
 
 def sample_blocks(offsets: np.ndarray) -> str:
@@ -251,9 +192,14 @@ def sample_blocks(offsets: np.ndarray) -> str:
     return " ".join(str(int(b)) for b in np.diff(offsets) // BLOCK)
 
 
-def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE) -> None:
-    """Write a manifest (a local path or a URL); shards under its directory are stored relative
-    to it."""
+def write_manifest(
+    path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE, version: int = MANIFEST_VERSION
+) -> None:
+    """Write a manifest (a local path or a URL) and, for version 3, its sample table beside it;
+    shards under its directory are stored relative to it. ``version=2`` writes every sample's
+    offsets inline instead (for readers of the release before)."""
+    if version not in (2, MANIFEST_VERSION):
+        raise ConfigError(f"manifest version {version} cannot be written (2 or {MANIFEST_VERSION})")
     remote = is_remote(path)
     base = path.rsplit("/", 1)[0] + "/" if remote else os.path.dirname(os.path.abspath(path))
     entries = []
@@ -264,27 +210,28 @@ def write_manifest(path: str, shards: Sequence[ShardInfo], config: StorageOption
         elif "://" not in url:
             rel = os.path.relpath(os.path.abspath(url), base)
             url = rel if not rel.startswith("..") else os.path.abspath(url)
-        entry = {"url": url, "samples": int(s.samples)}
+        entry: Dict[str, object] = {"url": url, "samples": int(s.samples)}
         if s.bytes is not None:
             entry["bytes"] = int(s.bytes)
         if s.ext_bytes is not None:
             entry["ext_bytes"] = {k: int(v) for k, v in sorted(s.ext_bytes.items())}
-        if s.offsets is not None and s.samples:
-            entry["sample_blocks"] = sample_blocks(s.offsets)
-        if s.key_crc is not None and s.samples and len(s.key_crc) == s.samples:
-            entry["key_crc32"] = base64.b64encode(np.asarray(s.key_crc, dtype="<u4").tobytes()).decode("ascii")
+        if version == 2:
+            entries.append({**entry, **_inline(s, config)})
+            continue
+        if not s.has_spans:
+            entry["spans"] = False
+        if s.key_crc is None and not (s.table is not None and s.table_keys):
+            entry["keys"] = False
         entries.append(entry)
-    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "shards": entries}
+    doc: Dict[str, object] = {"format": MANIFEST_FORMAT, "version": version, "shards": entries}
+    if version >= 3:
+        table = table_path(path)
+        records = records_of(shards, config)  # every record read before the table is replaced
+        _write_remote(path, lambda: write_table(table, records, config)) if remote else write_table(table, records, config)
+        doc = {**doc, "sample_table": table.rsplit("/", 1)[-1] if remote else os.path.basename(table)}
     if remote:
         fs, inner = filesystem(path, config)
-        try:
-            fs.pipe_file(inner, (json.dumps(doc, indent=1) + "\n").encode())
-        except Exception as exc:  # noqa: BLE001 - named in the message
-            raise ConfigError(
-                f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}. For a read-only server (HTTP), "
-                "write it locally with --manifest local.json and pass local.json as the source; or upload it "
-                "beside the shards as manifest.json"
-            ) from None
+        _write_remote(path, lambda: fs.pipe_file(inner, (json.dumps(doc, indent=1) + "\n").encode()))
         return
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.entries import BLOCK
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, ShardError
 from dali_shards.io.filesystems import is_remote
 from dali_shards.io.ranged import RangeReader

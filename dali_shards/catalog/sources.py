@@ -35,10 +35,13 @@ from typing import Dict, List, Sequence, Tuple, Union
 from braceexpand import braceexpand
 
 from dali_shards.errors import ConfigError, ManifestNotFound, ShardFormatError
-from dali_shards.catalog.manifest import ShardInfo, read_manifest, scan_shards
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import read_manifest
 from dali_shards.catalog.folders import MANIFEST_NAME, SHARD_SUFFIXES, folder_manifest, identity, warn_unlisted
 from dali_shards.catalog.origins import warn_outside_folder
 from dali_shards.catalog.plausible import check_counts, local_file_size
+from dali_shards.catalog.table import check_tables
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
@@ -146,6 +149,7 @@ def resolve_source(
         shards[slot] = info
     beside = _count_remote(shards, remote, origins, config, counts) if remote else []
     check_counts(shards, [s for s in manifested if shards[s] is given[s]] + beside, origins, config)
+    check_tables(shards, config)
     if not shards:
         raise ConfigError(f"source {source!r} names no shards")
     return shards

@@ -77,20 +77,23 @@ def sharded_pipeline(
         batch_size: samples per batch on this rank; a multiple of ``py_num_workers``.
         py_num_workers: Python worker processes of this rank, each reading its own shards.
 
-        shuffle: shuffle shard order per epoch, and the samples: interleaved across shards (see
-            ``shuffle_block``) or through each worker's buffer.
+        shuffle: shuffle which shards each rank and worker reads every epoch, and the samples:
+            interleaved across shards (see ``shuffle_block``) or chunk by chunk of each worker's run.
         seed: seeds the plan (the same on every rank) and, mixed with the rank, DALI's
             random operators.
         world_size, rank: default to ``torch.distributed``, then ``WORLD_SIZE``/``RANK``, then 1/0.
         last_batch: ``"pad"`` (every sample once; padding flagged by ``__valid__``) or
             ``"drop"`` (only complete global batches).
-        shuffle_buffer: samples each worker holds for its buffer shuffle (contiguous runs only).
-        shuffle_block: shards whose samples are interleaved at once (at least the batch size is
-            used); each rank reads a piece of each, its workers a part of that piece, sample by
-            sample at the offsets the shards' index records. 0 turns interleaving off (contiguous
-            runs through the buffer), as do datasets with fewer shards than 8 or a worker's share
-            of a batch, and shards without sample offsets (compressed, or listed in a version-1
-            manifest: rewrite it with ``dali-shards index``).
+        shuffle_buffer: with contiguous runs, the chunk of its run a worker emits in a seeded order
+            (the samples it holds at once).
+        shuffle_block: pieces of shards whose samples a rank interleaves at once (at least the
+            batch size is used); the shards are cut into about ``max(shards, batch_size *
+            world_size)`` pieces dealt to the ranks anew every epoch, each worker reading a part of
+            its rank's pieces sample by sample at the offsets the shards' index records. 0 turns
+            interleaving off: each shard read once, in contiguous runs (for pre-shuffled shards), as
+            do datasets with fewer shards than 8 or a worker's share of a batch, and shards without
+            sample offsets (compressed, or listed in a version-1 manifest: rewrite it with
+            ``dali-shards index``).
         start_epoch: the epoch the pipeline starts at (its shuffle and plan).
         worker_prefetch: batches each worker prepares ahead.
         resume_from: a ``state_dict()`` of ``DALIShardedIterator`` (or ``pipe.dali_shards.state``):

@@ -18,16 +18,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from dali_shards.plan.epoch import EpochPlan, Lengths
+from dali_shards.plan.epoch import Lengths
+from dali_shards.plan.resume import Plan
 
 
-def expected_indices(plan: EpochPlan, lengths: Optional[Lengths] = None, rank: Optional[int] = None) -> np.ndarray:
+def expected_indices(plan: Plan, lengths: Optional[Lengths] = None, rank: Optional[int] = None) -> np.ndarray:
     """``__index__`` of every sample the plan delivers as valid over all ranks (or ``rank``'s),
     from its start step. ``lengths``: see ``EpochPlan.consumed`` (an epoch resumed inside a
     bucketing window; without it, such an epoch is compared with the plan's order)."""
     spec = plan.spec
     workers = range(spec.num_virtual_workers) if rank is None else spec.rank_workers(rank)
-    ordered = [np.fromiter(itertools.islice(plan._valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
+    ordered = [np.fromiter(itertools.islice(plan.valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
     positions = np.concatenate(ordered) if ordered else np.empty(0, np.int64)
     if plan.start_step and lengths is not None:
         positions = np.setdiff1d(positions, plan.consumed(plan.start_step, lengths))

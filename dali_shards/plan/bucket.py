@@ -51,7 +51,7 @@ def delivered(plan: Any, v: int, valid: int, span: int, lengths: Optional[Callab
             "layout needs the lengths of that window's samples; resume under the same layout"
         )
     count = plan.worker_valid_count(v)
-    order = np.fromiter(itertools.islice(plan._valid_order(v), count), dtype=np.int64, count=count)
+    order = np.fromiter(itertools.islice(plan.valid_order(v), count), dtype=np.int64, count=count)
     start = valid // span * span
     window = order[start : start + span]
     spec = plan.spec

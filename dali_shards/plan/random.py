@@ -24,6 +24,9 @@ TAG_BLOCK = 0x424C_4F43
 TAG_BATCH_ORDER = 0x4241_5443
 TAG_BUCKET = 0x4255_434B
 TAG_RANK_CUT = 0x5243_5554
+TAG_SPIN = 0x5350_494E  # plan v5: where a unit's pieces are laid from
+TAG_DEAL = 0x4445_414C  # plan v5: the order the pieces are dealt to the ranks in
+TAG_CHUNK = 0x4348_4E4B  # plan v5: the order within a chunk of a contiguous run
 
 
 def bitgen(*key: int) -> np.random.PCG64:

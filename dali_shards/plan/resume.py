@@ -21,11 +21,27 @@ this release's ``PLAN_VERSION``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
+
+import numpy as np
 
 from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PLAN_VERSION, RESUMABLE_PLAN_VERSIONS, EpochPlan, Lengths, PlanSpec
+from dali_shards.plan.legacy import LEGACY_VERSIONS, LegacyPlan
+from dali_shards.plan.units import Units
 from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, LayoutRecord, State, check_state_shape
+
+
+Plan = Union[EpochPlan, LegacyPlan]  # an epoch's plan: this release's, or an older version's to finish an epoch
+
+
+def plan_of(spec: PlanSpec, epoch: int, subset: Any = None, start_step: int = 0, version: int = PLAN_VERSION) -> Plan:
+    """The plan of ``epoch`` under plan ``version`` (an older one only to finish an epoch saved
+    under it): of the whole dataset, or of ``subset`` (what was left of it: ``Units``, or sorted
+    sequence positions for the older versions)."""
+    if version in LEGACY_VERSIONS:
+        return LegacyPlan(spec, epoch, cast(Optional[np.ndarray], subset), start_step=start_step, version=version)
+    return EpochPlan(spec, epoch, cast(Optional[Units], subset), start_step=start_step, version=version)
 
 
 def layout_of(spec: PlanSpec) -> Dict[str, Any]:
@@ -34,7 +50,7 @@ def layout_of(spec: PlanSpec) -> Dict[str, Any]:
     return {**values, "last_batch": values["last_batch"].value}
 
 
-def epoch_plan(spec: PlanSpec, resumed: Optional[EpochPlan], epoch: int) -> EpochPlan:
+def epoch_plan(spec: PlanSpec, resumed: Optional[Plan], epoch: int) -> Plan:
     """The plan of ``epoch``: ``resumed`` (the rest of the epoch a pipeline resumes in) where it is
     that epoch's, else the spec's."""
     if resumed is not None and resumed.epoch == epoch:
@@ -46,7 +62,7 @@ def make_state(
     spec: PlanSpec,
     epoch: int,
     prior: List[Dict[str, Any]],
-    plan: EpochPlan,
+    plan: Plan,
     steps: int,
     dataset: Optional[DatasetId] = None,
 ) -> State:
@@ -96,7 +112,7 @@ def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) 
 
 def resume_point(
     spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId] = None, lengths: Optional[Lengths] = None
-) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
+) -> Tuple[int, Optional[Plan], List[Dict[str, Any]]]:
     """Where a pipeline with ``spec`` over ``dataset`` resumes ``state``: the epoch to start at,
     the plan for that epoch (None for a plain start of it), and the layouts that already ran in
     that epoch. A malformed state, or one saved for other shards or settings, is a ConfigError.
@@ -113,7 +129,7 @@ def resume_point(
         steps = int(entry["steps"])
         fields = {SPEC_NAMES.get(k, k): v for k, v in layout.items()}
         past_spec = PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields)
-        past = EpochPlan(past_spec, epoch, subset, version=version)
+        past = plan_of(past_spec, epoch, subset, version=version)
         if steps >= past.steps:  # make_state starts the next epoch instead: no run saves this
             raise ConfigError(
                 f"malformed state: history[{i}] says {steps} steps were taken under world_size="
@@ -122,9 +138,9 @@ def resume_point(
                 "by a run over these shards; resume from the state_dict() the run saved"
             )
         if i == len(history) - 1 and layout == layout_of(spec):
-            return epoch, EpochPlan(spec, epoch, subset, start_step=steps, version=version), history[:-1]
+            return epoch, plan_of(spec, epoch, subset, start_step=steps, version=version), history[:-1]
         subset = past.remaining(steps, lengths)
-    plan = EpochPlan(spec, epoch, subset, version=version)
+    plan = plan_of(spec, epoch, subset, version=version)
     if plan.steps == 0:  # too few samples left for a whole batch ("drop")
         return epoch + 1, None, []
     return epoch, plan, history

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import RawSample, TarReader

@@ -8,8 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from dali_shards.options import OnError
-from dali_shards.plan.epoch import EpochPlan
-from dali_shards.plan.resume import epoch_plan, make_state, resume_point
+from dali_shards.plan.resume import Plan, epoch_plan, make_state, resume_point
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
 from dali_shards.worker.control import ControlBlock
@@ -71,7 +70,7 @@ class ShardedPipelineInfo:
     def fields(self) -> Tuple[str, ...]:
         return tuple(f.name for f in self.layout.fields)
 
-    def plan(self, epoch: int) -> EpochPlan:
+    def plan(self, epoch: int) -> Plan:
         """The plan of an epoch (the resumed plan for the epoch a resumed pipeline starts in)."""
         return epoch_plan(self.spec, self.resume_plan, epoch)
 
@@ -80,7 +79,7 @@ class ShardedPipelineInfo:
         resumed = self.resume_plan
         return list(self.resolved.resume_prior) if resumed is not None and resumed.epoch == epoch else []
 
-    def resume_point(self, state: Dict[str, Any]) -> Tuple[int, Optional[EpochPlan], List[Dict[str, Any]]]:
+    def resume_point(self, state: Dict[str, Any]) -> Tuple[int, Optional[Plan], List[Dict[str, Any]]]:
         """Where this pipeline would resume ``state`` (a ConfigError if it cannot). A check: where a
         bucketed layout stopped inside a window, which samples it delivered is left undecided."""
         lengths = _any_lengths if self.options.bucket_by is not None else None
@@ -91,6 +90,6 @@ class ShardedPipelineInfo:
         return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps, self.resolved.dataset)
 
 
-def _any_lengths(plan: EpochPlan, positions: np.ndarray) -> np.ndarray:
+def _any_lengths(plan: Plan, positions: np.ndarray) -> np.ndarray:
     """Lengths that decide nothing: enough to check that a state can be resumed, not to resume it."""
     return np.zeros(len(positions), dtype=np.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence, Set, Tuple
 
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ShardError
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader

@@ -12,12 +12,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
 from dali_shards.io.filesystems import is_remote
 from dali_shards.options import ShardedOptions, option_default
-from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.catalog.table import SampleTables
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import Plan
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.plan.resume import resume_point
 from dali_shards.plan.statecheck import DatasetId
@@ -54,7 +56,7 @@ class Resolved:
     spec: PlanSpec
     streaming: Optional[StreamingSpec]
     start_epoch: int
-    resume_plan: Optional[EpochPlan]
+    resume_plan: Optional[Plan]
     resume_prior: Tuple[Dict[str, Any], ...]
     workers: Tuple[WorkerConfig, ...]
     bytes_per_sample_hint: Optional[int]
@@ -106,6 +108,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         stage=stage,
         offsets=tuple(s.offsets for s in shards) if streaming is None else (),
         key_crc=tuple(s.key_crc for s in shards) if streaming is None else (),
+        tables=SampleTables.of(shards, options.storage) if streaming is None else SampleTables(),
         layout=layout,
         on_error=options.on_error,
         image_check=options.image_check,
@@ -171,7 +174,7 @@ def _specs(
 def _indexed(shards: Sequence[ShardInfo]) -> bool:
     """Whether every non-empty shard's sample offsets are known (interleaving reads by them);
     says once why not, and what to do."""
-    missing = [s for s in shards if s.samples and s.offsets is None]
+    missing = [s for s in shards if s.samples and not s.has_spans]
     if missing:
         log.warning(
             "dali_shards: %d of %d shards (e.g. %s) have no sample offsets (compressed, or listed in a version-1 "

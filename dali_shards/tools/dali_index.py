@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 from dali_shards.catalog.sources import SHARD_SUFFIXES
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.io.tarformat import BLOCK, TarReader
 from dali_shards.io.tarscan import ShardStats, key_fingerprints

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple, cast
 
 from tqdm import tqdm
 
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError
 from dali_shards.tools.imagefolder import SourceFile
 from dali_shards.tools.writer import TarShardFile, check_max_size, member_size, tar_size

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from dali_shards.options import StorageOptions
 
 from dali_shards.io.filesystems import DEFAULT_STORAGE
-from dali_shards.catalog.manifest import stored_size
+from dali_shards.catalog.scan import stored_size
 from dali_shards.io.storage import open_shard
 from dali_shards.io.tarformat import TarReader
 from dali_shards.tools.labels import LABEL_EXT, clustering, shard_labels

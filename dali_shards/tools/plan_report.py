@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence, Set
 
-from dali_shards.catalog.manifest import ShardInfo
+from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.plan.epoch import PlanSpec
 
 
@@ -13,13 +13,17 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dic
     """Per rank and worker, the samples, padding and shard reads of ``epoch``; and the totals."""
     plan = spec.epoch(epoch)
     names = [os.path.basename(s.url) if "://" not in s.url else s.url for s in shards]
-    ranks = []
+    ranks: List[Dict[str, Any]] = []
+    readers: List[Set[int]] = [set() for _ in shards]
     for rank in range(spec.world_size):
         workers = []
         for w in range(spec.py_num_workers):
             v = spec.virtual_worker(rank, w)
-            valid = spec.worker_valid_count(v)
-            reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in plan.worker_reads(v)]
+            valid = plan.worker_valid_count(v)
+            segments = plan.worker_reads(v)
+            reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in segments]
+            for seg in segments:
+                readers[seg.shard].add(v)
             workers.append(
                 {
                     "worker": w,
@@ -46,7 +50,7 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dic
         "delivered": spec.planned_samples,
         "padding": spec.padding_per_epoch,
         "dropped": spec.dropped_per_epoch,
-        "shard_order": [names[i] for i in plan.shard_order] if spec.shuffle else None,
+        "readers_per_shard": round(sum(map(len, readers)) / max(1, sum(1 for s in shards if s.samples)), 2),
         "ranks": ranks,
     }
     return summary

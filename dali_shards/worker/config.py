@@ -8,8 +8,10 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
+from dali_shards.catalog.table import SampleTables
 from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
-from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import Plan
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.worker.layout import SampleLayout
 from dali_shards.worker.stage import SampleStage
@@ -23,8 +25,10 @@ class WorkerConfig:
     pipeline's first epoch is ``resume_plan`` (planned mode) or ``first_steps`` long (streaming
     mode). ``control`` is the path of the pipeline's control block (None: no supervision).
     ``offsets`` holds, per shard, where each sample begins and the last one ends (see
-    ``catalog.manifest.ShardInfo``), or None where unknown (the worker then scans a local shard);
-    ``key_crc``, per shard, each sample's key fingerprint where known (checked as samples are read).
+    ``catalog.shardinfo.ShardInfo``), or None where not in memory; ``key_crc``, per shard, each
+    sample's key fingerprint where known (checked as samples are read); ``tables``, the sample tables
+    of shards listed by a version-3 manifest, read for the shards this worker reads
+    (``sample_offsets``, ``sample_keys``).
     ``stage`` decodes, maps and measures samples (default: the layout's packing alone).
     """
 
@@ -36,12 +40,13 @@ class WorkerConfig:
     layout: SampleLayout
     offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     key_crc: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
+    tables: SampleTables = field(default_factory=SampleTables, compare=False, repr=False)
     stage: Optional[SampleStage] = field(default=None, compare=False, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     image_check: ImageCheck = ImageCheck(option_default("image_check"))
     storage: StorageOptions = field(default_factory=StorageOptions)
     start_epoch: int = 0
-    resume_plan: Optional[EpochPlan] = None
+    resume_plan: Optional[Plan] = None
     first_steps: Optional[int] = None
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
@@ -63,6 +68,26 @@ class WorkerConfig:
             object.__setattr__(self, "stage", SampleStage(self.layout))
         object.__setattr__(self, "on_error", OnError(self.on_error))
         object.__setattr__(self, "image_check", ImageCheck(self.image_check))
+
+    def spans_known(self, shard: int) -> bool:
+        """Whether where each of the shard's samples begins is known without scanning it."""
+        return self.offsets[shard] is not None or (self.tables.has(shard) and bool(self.tables.spans[shard]))
+
+    def sample_offsets(self, shard: int) -> Optional[np.ndarray]:
+        """Where each of the shard's samples begins (and the last ends), where known."""
+        if self.offsets[shard] is not None or not self.spans_known(shard):
+            return self.offsets[shard]
+        return self._record(shard)[0]
+
+    def sample_keys(self, shard: int) -> Optional[np.ndarray]:
+        """Each of the shard's samples' key fingerprint, where known."""
+        if self.key_crc[shard] is not None or not (self.tables.has(shard) and self.tables.keys[shard]):
+            return self.key_crc[shard]
+        return self._record(shard)[1]
+
+    def _record(self, shard: int) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        assert isinstance(self.spec, PlanSpec)  # tables come with counted shards
+        return self.tables.load(shard, self.urls[shard], self.spec.shard_sizes[shard], self.byte_sizes[shard])
 
     @property
     def virtual_worker(self) -> int:

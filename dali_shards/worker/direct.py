@@ -67,7 +67,8 @@ class DirectBatches:
         self.reading = reading = Interleaved(plan, order, self.place.__contains__, reader)
         self.good = LastGood(self.reading)
         cfg = reading.cfg
-        self.spans = np.array([(int(cfg.offsets[s][i]), int(cfg.offsets[s][i + 1]))
+        offsets = {s: cfg.sample_offsets(s) for s in set(reading.shards)}
+        self.spans = np.array([(int(offsets[s][i]), int(offsets[s][i + 1]))  # type: ignore[index]  # positioned: known
                                for s, i in zip(reading.shards, reading.local)], dtype=np.int64).reshape(-1, 2)  # fmt: skip
         self.index = plan.canonical_starts[np.asarray(reading.shards, dtype=np.int64)] + np.asarray(reading.local)
         sizes = np.array([-1 if cfg.byte_sizes[s] is None else cfg.byte_sizes[s] for s in reading.shards], np.int64)
@@ -190,7 +191,7 @@ class DirectStep:
     def _check_keys(self, out: np.ndarray, key_at: np.ndarray, key_len: np.ndarray) -> None:
         reading = self.reading
         for k, a, n in zip(self.unique.tolist(), key_at.tolist(), key_len.tolist()):
-            recorded = reading.cfg.key_crc[reading.shards[k]]
+            recorded = reading.cfg.sample_keys(reading.shards[k])
             if recorded is None:
                 continue
             crc = zlib.crc32(out[a : a + n])  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on 3.12+

@@ -30,10 +30,11 @@ import numpy as np
 from dali_shards.io.positioned import LocalFiles
 from dali_shards.io.rangefetch import RangeFetcher, Span, request_size
 from dali_shards.io.filesystems import is_remote
-from dali_shards.catalog.manifest import scan_shard
+from dali_shards.catalog.scan import scan_shard
 from dali_shards.errors import WorkerError
 from dali_shards.io.storage import local_path
-from dali_shards.plan.epoch import EpochPlan, PlanSpec
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import Plan
 from dali_shards.plan.geometry import Segment
 from dali_shards.io.storage import READ_ERRORS
 from dali_shards.worker.reader import Item, ShardFailed, ShardReader, Skipped, fewer_than_planned, shard_failed
@@ -44,7 +45,7 @@ log = logging.getLogger("dali_shards")
 
 
 def read_segments(
-    plan: EpochPlan, segments: List[Segment], needed: Callable[[int], bool], reader: ShardReader
+    plan: Plan, segments: List[Segment], needed: Callable[[int], bool], reader: ShardReader
 ) -> Generator[Tuple[int, Item], None, None]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
     the others are passed over by their headers. Under ``on_error="skip"`` every needed sample
@@ -58,7 +59,7 @@ def read_segments(
 
 
 def _read_segment(
-    plan: EpochPlan, seg: Segment, opener: Any, needed: Callable[[int], bool], reader: ShardReader
+    plan: Plan, seg: Segment, opener: Any, needed: Callable[[int], bool], reader: ShardReader
 ) -> Generator[Tuple[int, Item], None, None]:
     """``read_segments`` for one segment."""
     offset = int(plan.canonical_starts[seg.shard])
@@ -85,15 +86,16 @@ def positioned(cfg, shard: int) -> bool:
     """Whether a worker reads ``shard``'s samples by their spans with positioned reads: a local
     shard whose sample offsets are known (uncompressed, indexed). Contiguous runs of such shards
     are read so too, in order: one read per sample, no header walk through the samples between."""
-    return cfg.offsets[shard] is not None and not is_remote(cfg.urls[shard])
+    return cfg.spans_known(shard) and not is_remote(cfg.urls[shard])
 
 
 def local_offsets(reader: ShardReader, shard: int) -> Optional[np.ndarray]:
-    """A local shard's sample offsets: the worker's config's, else from a scan of its headers
-    (once per process; None for a compressed shard). Errors opening it are the shard's."""
+    """A shard's sample offsets: known from the catalog (loaded from its sample table where it is in
+    one), else, for a local shard, from a scan of its headers (once per process; None for a
+    compressed shard). Errors opening it are the shard's."""
     cfg = reader.config
-    if cfg.offsets[shard] is not None or is_remote(cfg.urls[shard]):
-        return cfg.offsets[shard]
+    if cfg.spans_known(shard) or is_remote(cfg.urls[shard]):
+        return cfg.sample_offsets(shard)
     return scan_shard(cfg.urls[shard], config=cfg.storage).offsets
 
 
@@ -116,7 +118,7 @@ class Interleaved:
 
     def __init__(
         self,
-        plan: EpochPlan,
+        plan: Plan,
         order: Sequence[int],
         needed,
         reader: ShardReader,
@@ -135,8 +137,11 @@ class Interleaved:
         self.files = LocalFiles()
         self.remote: Dict[int, int] = {}  # position in the order -> span index of the fetcher
         spans: List[Span] = []
+        assert isinstance(cfg.spec, PlanSpec)  # interleaved reading is planned
+        remote = sorted({s for s in self.shards if is_remote(cfg.urls[s]) and cfg.spans_known(s)})
+        cfg.tables.prefetch(remote, cfg.urls, cfg.spec.shard_sizes, cfg.byte_sizes)  # one request each, at once
         for k, (s, i) in enumerate(zip(self.shards, self.local)):
-            offs = cfg.offsets[s]
+            offs = cfg.sample_offsets(s) if s in remote or cfg.offsets[s] is not None else None
             if offs is not None and is_remote(cfg.urls[s]):
                 self.remote[k] = len(spans)
                 spans.append(Span(cfg.urls[s], cfg.byte_sizes[s], int(offs[i]), int(offs[i + 1])))
@@ -204,7 +209,7 @@ class Interleaved:
     def _offsets(self, s: int) -> Optional[np.ndarray]:
         cfg = self.cfg
         assert isinstance(cfg.spec, PlanSpec)  # interleaved reading is planned
-        offs = cfg.offsets[s] if is_remote(cfg.urls[s]) or cfg.offsets[s] is not None else local_offsets(self.reader, s)
+        offs = local_offsets(self.reader, s)
         if offs is not None and len(offs) - 1 < cfg.spec.shard_sizes[s]:
             raise fewer_than_planned(cfg.urls[s], len(offs) - 1, cfg.spec.shard_sizes[s])
         return offs

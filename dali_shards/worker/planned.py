@@ -15,8 +15,8 @@ from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, T
 
 from dali_shards.errors import ShardFormatError, WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
-from dali_shards.plan.epoch import EpochPlan, PlanSpec
-from dali_shards.plan.resume import epoch_plan
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.resume import Plan, epoch_plan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.control import NO_SLOT
 from dali_shards.worker.direct import DirectBatches, direct_layout
@@ -30,7 +30,7 @@ log = logging.getLogger("dali_shards")
 class Ahead(NamedTuple):
     """An epoch's reading started before its first batch is asked for (remote interleaving)."""
 
-    plan: EpochPlan
+    plan: Plan
     emissions: List[Tuple[int, bool]]
     reading: Interleaved
 
@@ -62,11 +62,11 @@ class WorkerSource:
                 return DirectBatches(self, epoch, plan, emissions)
         return EpochBatches(self, epoch)
 
-    def reader(self, plan: EpochPlan) -> ShardReader:
+    def reader(self, plan: Plan) -> ShardReader:
         """A reader of this worker's shards for ``plan``'s epoch, stamping its progress."""
         return ShardReader(self.config, self.slot.progress, plan.epoch)
 
-    def plan_for(self, epoch: int) -> EpochPlan:
+    def plan_for(self, epoch: int) -> Plan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
         assert isinstance(self.config.spec, PlanSpec)  # the planned mode
         return epoch_plan(self.config.spec, self.config.resume_plan, epoch)
@@ -94,7 +94,7 @@ class WorkerSource:
         self.ahead = Ahead(plan, emissions, reading)
 
     def interleaved(
-        self, plan: EpochPlan, emissions: List[Tuple[int, bool]], ahead_of: Optional[Interleaved] = None
+        self, plan: Plan, emissions: List[Tuple[int, bool]], ahead_of: Optional[Interleaved] = None
     ) -> Interleaved:
         """The interleaved reading of the samples in ``emissions`` (this worker's slots of ``plan``)."""
         needed = {pos for pos, _ in emissions}
@@ -158,7 +158,7 @@ class EpochBatches:
             return
         needed = {pos for pos, _ in emissions}
         reader = ShardReader(src.config, src.slot.progress, plan.epoch)
-        reads = plan.reads_covering(min(needed), max(needed) + 1) if needed else []
+        reads = plan.reads_of(v, needed) if needed else []
         if reads and all(positioned(src.config, seg.shard) for seg in reads):  # each sample by one read of its span
             self._reading = Interleaved(plan, sorted(needed), needed.__contains__, reader)
             self._samples = read_interleaved(self._reading)

@@ -147,7 +147,7 @@ class ShardReader:
     def _check_key(self, sample, shard: int) -> None:
         """A ``ShardFormatError`` if the sample's key is not the one the shard's index recorded at
         its position (the shard was rewritten since, its size unchanged)."""
-        recorded = self.config.key_crc[shard]
+        recorded = self.config.sample_keys(shard)
         if recorded is None or sample.position >= len(recorded) or key_fingerprint(sample.key) == recorded[sample.position]:
             return
         raise ShardFormatError(

@@ -159,7 +159,8 @@ def test_planned_mode_recovers_from_a_damaged_cached_copy(served, tmp_path):
     evicted and read from the server; every sample arrives exactly once."""
     from collections import Counter
 
-    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.scan import scan_shards
+    from dali_shards.catalog.manifest import write_manifest
 
     server, paths = served
     write_manifest(os.path.join(os.path.dirname(paths[0]), "manifest.json"), scan_shards(paths))
@@ -247,7 +248,8 @@ def write_mixed(d):
     requests of the default ``chunk_size`` (8 MB); their manifest. Returns the samples' count."""
     import numpy as np
 
-    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.scan import scan_shards
+    from dali_shards.catalog.manifest import write_manifest
     from dali_shards.tools.writer import ShardWriter
 
     rng = np.random.default_rng(9)

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.errors import ConfigError
 from dali_shards.options import StorageOptions
@@ -73,3 +74,35 @@ def test_the_cli_refuses_foreign_entries_unless_told(served, capsys):
     assert "manifest_foreign_urls" in capsys.readouterr().err
     assert main(["plan", manifest, "--workers", "1", "--batch-size", "5", "--json", "--manifest-foreign-urls"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 45
+
+
+def test_a_remote_sample_table_is_read_one_record_per_shard_by_the_workers_that_read_it(tmp_path):
+    """Version 3 over HTTP: the main process reads the manifest only; each worker fetches the record
+    of each shard it reads, one small ranged request each, and the epoch is exactly once."""
+    from dali_shards import sharded_pipeline
+    from dali_shards.pytorch import DALIShardedIterator
+
+    root = tmp_path / "served"
+    root.mkdir()
+    paths = [str(root / f"r-{i:02d}.tar") for i in range(12)]
+    for i, path in enumerate(paths):
+        write_shard(path, [{"__key__": f"{i:02d}-{j}", "cls": 10 * i + j} for j in range(5)])
+    write_manifest(str(root / "manifest.json"), scan_shards(paths))
+    with HTTPShardServer(str(root)) as server:
+
+        @sharded_pipeline(f"{server.url}/manifest.json", fields=("cls",), batch_size=4, py_num_workers=2, shuffle=True,
+                          seed=3, device_id=None, num_threads=1, retries=1)  # fmt: skip
+        def pipe(cls):
+            return cls
+
+        pipeline = pipe()
+        table = [r for p, r in server.faults.requests if p.endswith("manifest.samples")]
+        assert table == [], "the main process reads no sample table"
+        it = DALIShardedIterator(pipeline, ["cls"])
+        seen = sorted(int(x) for (b,) in it for x in b["cls"].reshape(-1).tolist())
+        table = [r for p, r in server.faults.requests if p.endswith("manifest.samples")]
+    assert seen == sorted(10 * i + j for i in range(12) for j in range(5))
+    info = pipeline.dali_shards
+    reads = [{seg.shard for seg in info.plan(e).worker_reads(v)} for e in (0, 1) for v in range(2)]  # (epoch 1: read ahead)
+    assert len(set(table)) == 12 and len(table) <= sum(map(len, reads)), "one record per shard a worker reads"
+    assert all(r is not None and r.startswith("bytes=") for r in table)

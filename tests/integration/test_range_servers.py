@@ -9,7 +9,8 @@ import os
 import pytest
 
 from dali_shards import ShardAccessError, ShardFormatError, pipeline_info
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.io.remote import RemoteStream
 from dali_shards.io.storage import open_shard
 from dali_shards.options import StorageOptions

@@ -13,7 +13,8 @@ from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_ep
 from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pipeline
 from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main
-from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import RemoteStream
 from dali_shards.sample_data import write_sample_shards

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from dali_shards import pipeline_info, sharded_pipeline
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_epochs, worker_peak_rss
 from dali_shards.tools.writer import ShardWriter

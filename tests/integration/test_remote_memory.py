@@ -8,7 +8,8 @@ import os
 import pytest
 
 from dali_shards import pipeline_info, sharded_pipeline
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.testing.pipelines import run_epochs
 from dali_shards.testing.servers import HTTPShardServer
 from dali_shards.tools.writer import ShardWriter

@@ -114,7 +114,8 @@ def test_training_example_writes_its_log_under_the_output_folder(tmp_path):
 
 def test_training_example_on_remote_shards(tmp_path):
     pytest.importorskip("aiohttp")
-    from dali_shards.catalog.manifest import scan_shards, write_manifest
+    from dali_shards.catalog.scan import scan_shards
+    from dali_shards.catalog.manifest import write_manifest
     from dali_shards.sample_data import write_sample_shards
     from dali_shards.testing.servers import HTTPShardServer
 
@@ -293,3 +294,15 @@ def test_remote_benchmark_runs(tmp_path):
     report = json.loads((tmp_path / "results" / "remote-quick.json").read_text())
     rows = {r["config"]: r for r in report["results"]}
     assert len(rows) == 5 and all(r["samples_per_s"] and not r["errors"] for r in rows.values()), rows
+
+
+def test_scale_benchmark_runs_and_meets_its_targets_on_small_cases(tmp_path):
+    """benchmarks/scale.py on its quick cases: each in a fresh process, a table and JSON; the
+    readers per shard (a count, not a time) within target."""
+    cases = "order-10k,elastic-10m,readers-2000,readers-20000"
+    out = run([sys.executable, "benchmarks/scale.py", "--cases", cases, "--data-dir", str(tmp_path / "data"),
+               "--out", str(tmp_path / "scale.json")], 600)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads((tmp_path / "scale.json").read_text())["results"]
+    assert set(results) == set(cases.split(",")) and not any("error" in r for r in results.values()), results
+    assert results["readers-2000"]["readers_per_shard"] <= 9.0 and results["readers-20000"]["readers_per_shard"] <= 2.0

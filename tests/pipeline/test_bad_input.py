@@ -13,7 +13,8 @@ import pytest
 from nvidia.dali import fn
 
 from dali_shards import ShardAccessError, ShardError, ShardFormatError, decode_image, sharded_pipeline
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images
 from dali_shards.tools.writer import write_shard

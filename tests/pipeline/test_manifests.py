@@ -10,7 +10,8 @@ import pytest
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, ShardFormatError, sharded_pipeline
-from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import load_index, read_manifest, write_manifest
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import RemoteStream
 from dali_shards.catalog.sources import resolve_source
@@ -219,8 +220,10 @@ def test_a_valid_manifest_still_reads(tmp_path):
     path.write_text(json.dumps(doc))
     a, _ = read_manifest(str(path))
     assert a.offsets.tolist() == [0, 1536, 3584, 6144]
-    write_manifest(str(tmp_path / "again.json"), [a])
+    write_manifest(str(tmp_path / "again.json"), [a], version=2)
     assert json.loads((tmp_path / "again.json").read_text())["shards"][0]["sample_blocks"] == "3 4 5"
+    write_manifest(str(tmp_path / "v3.json"), [a])  # this release's: the offsets in the sample table
+    assert load_index(read_manifest(str(tmp_path / "v3.json"))[0]).offsets.tolist() == [0, 1536, 3584, 6144]
 
 
 def test_a_shard_listed_twice_is_refused(indexed, tmp_path):
@@ -292,9 +295,11 @@ def test_a_scanned_shard_rewritten_after_the_start_is_caught(tmp_path):
 
 def test_key_fingerprints_round_trip_through_the_manifest(equal_sized, tmp_path):
     paths, manifest = equal_sized
-    (info,) = [s for s in read_manifest(manifest) if s.url.endswith("e-00.tar")]
+    (info,) = [load_index(s) for s in read_manifest(manifest) if s.url.endswith("e-00.tar")]
     assert list(info.key_crc) == list(scan_shards([paths[0]])[0].key_crc)
-    doc = json.load(open(manifest))
+    inline = str(tmp_path / "v2.json")
+    write_manifest(inline, scan_shards(paths), version=2)  # the fingerprints inline, to damage
+    doc = json.load(open(inline))
     doc["shards"][0]["key_crc32"] = "not base64!"
     bad = str(tmp_path / "bad.json")
     json.dump(doc, open(bad, "w"))

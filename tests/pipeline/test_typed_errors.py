@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dali_shards import ConfigError, ShardFormatError, ShardMapError, sharded_pipeline
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.tools.writer import write_shard
 
@@ -81,7 +82,7 @@ def test_sys_exit_and_interrupts_in_a_map_are_the_samples_errors(shards, kind):
 def _manifest_with_blocks(shards, tmp_path, blocks_of_last):
     infos = scan_shards(shards)
     path = str(tmp_path / "manifest.json")
-    write_manifest(path, infos)
+    write_manifest(path, infos, version=2)  # the offsets inline, to edit
     doc = json.load(open(path))
     entry = doc["shards"][1]
     blocks = entry["sample_blocks"].split()

@@ -10,7 +10,8 @@ import uuid
 import fsspec
 import pytest
 
-from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.errors import ConfigError
 from dali_shards.tools.writer import write_shard
@@ -23,8 +24,9 @@ def samples(count, size=500):
 
 
 def manifest_with(path, shard, **changes):
-    """A manifest of ``shard`` (scanned), its entry changed (a value None drops the field)."""
-    write_manifest(str(path), scan_shards([str(shard)]))
+    """A version-2 manifest (offsets inline, so that changed counts need no sample table to match)
+    of ``shard`` (scanned), its entry changed (a value None drops the field)."""
+    write_manifest(str(path), scan_shards([str(shard)]), version=2)
     doc = json.loads(path.read_text())
     entry = doc["shards"][0]
     for key, value in changes.items():

@@ -11,7 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from dali_shards.catalog.manifest import scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import write_manifest
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.tarblocks import walk_members
 from dali_shards.options import ShardedOptions
@@ -188,7 +189,7 @@ def test_a_span_beyond_its_shard_is_never_allocated_by_the_fast_path(tmp_path):
     """An index whose last sample of a shard claims 500 GB: the general way's error, not a slot of that size."""
     paths = dataset(tmp_path)
     manifest = str(tmp_path / "m.json")
-    write_manifest(manifest, scan_shards(paths))
+    write_manifest(manifest, scan_shards(paths), version=2)  # offsets inline, to edit
     doc = json.load(open(manifest))
     blocks = doc["shards"][4]["sample_blocks"].split()
     doc["shards"][4]["sample_blocks"] = " ".join(blocks[:-1] + [str(10**9)])

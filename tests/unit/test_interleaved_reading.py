@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dali_shards.catalog.manifest import scan_shards
+from dali_shards.catalog.scan import scan_shards
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards

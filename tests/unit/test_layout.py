@@ -156,7 +156,7 @@ def test_layout_pickles():
 
 
 def test_layout_choice():
-    from dali_shards.catalog.manifest import ShardInfo
+    from dali_shards.catalog.shardinfo import ShardInfo
     from dali_shards.setup.resolve import choose_layout
 
     shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]

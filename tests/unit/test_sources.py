@@ -7,7 +7,8 @@ import pytest
 
 from dali_shards.world import resolve_world
 from dali_shards.errors import ConfigError, ShardAccessError
-from dali_shards.catalog.manifest import read_manifest, scan_shards, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.catalog.sources import expand_pattern, resolve_source
 from dali_shards.tools.writer import ShardWriter, write_shard

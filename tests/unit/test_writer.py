@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dali_shards import ShardWriter
-from dali_shards.catalog.manifest import read_manifest, scan_shards
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.manifest import load_index, read_manifest
 from dali_shards.errors import ConfigError
 from dali_shards.tools.encode import encode
 
@@ -54,7 +55,8 @@ def test_the_manifest_is_written_on_close_with_sample_offsets(tmp_path):
     assert writer.manifest_path == str(tmp_path / "out" / "manifest.json")
     listed, scanned = read_manifest(writer.manifest_path), scan_shards(writer.paths)
     assert [s.samples for s in listed] == [3, 3, 1]
-    assert [s.offsets.tolist() for s in listed] == [s.offsets.tolist() for s in scanned]
+    assert [load_index(s).offsets.tolist() for s in listed] == [s.offsets.tolist() for s in scanned]
+    assert [load_index(s).key_crc.tolist() for s in listed] == [s.key_crc.tolist() for s in scanned]
     assert [os.path.abspath(s.url) for s in listed] == [os.path.abspath(p) for p in writer.paths]
     with pytest.raises(ConfigError, match="closed"):
         writer.write({"__key__": "late", "txt": "x"})

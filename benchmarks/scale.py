@@ -1,0 +1,266 @@
+"""What one process pays at internet scale: planning, resuming and reading the catalog, per
+process, each case in a fresh process (its peak memory is its own), default options
+(``shuffle=True``, ``shuffle_block=256``, batch 256).
+
+Cases (``--cases``, default all):
+
+- ``order-10k``, ``order-100k``, ``order-1m``: one worker's epoch order (what a worker computes when
+  an epoch starts: the plan and its emissions) for 10k shards x 1k samples at 64 ranks x 8 workers,
+  100k x 1k at 512 x 8, 1M x 10k at 4,096 x 8;
+- ``elastic-10m``, ``elastic-100m``: resuming half an epoch of 10M (100M) samples, saved at 64 x 8
+  (512 x 8), under 48 x 8 (384 x 8): the resume point and a new worker's emissions;
+- ``manifest-10k``, ``manifest-100k``: reading the manifest of 10k (100k) shards x 1k samples with
+  sample offsets and key fingerprints, as a rank's main process does at start;
+- ``readers-2000``, ``readers-20000``: workers reading a piece of each shard in an epoch (mean over
+  shards), 2,000 shards x 200 and 20,000 x 20 at 64 x 4;
+- ``first-batch``: a rank's time from ``@sharded_pipeline`` to its first batch through the public
+  API, 20k tiny shards at world 512 (rank 0, 2 workers, batch 32, CPU).
+
+Prints a table and writes ``benchmarks/results/scale.json``. Pure planning cases import no DALI.
+To measure another checkout (e.g. the release before), run it with ``PYTHONPATH=<that checkout>``
+and ``--out`` elsewhere.
+
+    python benchmarks/scale.py                       # every case (about 2 minutes)
+    python benchmarks/scale.py --cases order-10k,readers-2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = {  # (seconds, MiB) or readers per shard: the issue's targets on a 2-core machine
+    "order-10k": (0.5, 150), "order-100k": (1.0, 200), "order-1m": (2.0, 500),
+    "elastic-10m": (2.0, 300), "elastic-100m": (5.0, 500),
+    "manifest-10k": (1.0, 150), "manifest-100k": (3.0, 400),
+    "readers-2000": 9.0, "readers-20000": 2.0, "first-batch": None,
+}  # fmt: skip
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mib() -> float:
+    """This process's peak resident memory (``VmHWM``: ``ru_maxrss`` would count the parent's at
+    the fork)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def reset_peak() -> None:
+    """Start the peak over at the current resident memory, where Linux allows it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def spec_of(shards: int, per_shard: int, world: int, workers: int):
+    from dali_shards.plan.epoch import PlanSpec
+
+    return PlanSpec((per_shard,) * shards, world_size=world, py_num_workers=workers, batch_size=256, seed=1, shuffle=True)
+
+
+def case_order(shards: int, per_shard: int, world: int) -> Callable[[], Dict[str, Any]]:
+    def run() -> Dict[str, Any]:
+        spec = spec_of(shards, per_shard, world, 8)
+        v = spec.num_virtual_workers // 2 + 3
+        plan = spec.epoch(1)
+        emissions = plan.worker_emissions(v)
+        return {"emitted": len(emissions)}
+
+    return run
+
+
+def case_elastic(shards: int, per_shard: int, world: int, after: int) -> Callable[[], Dict[str, Any]]:
+    def run() -> Dict[str, Any]:
+        from dali_shards.plan.resume import make_state, resume_point
+
+        spec = spec_of(shards, per_shard, world, 8)
+        plan = spec.epoch(2)
+        state = make_state(spec, 2, [], plan, plan.steps // 2)
+        new = spec_of(shards, per_shard, after, 8)
+        epoch, resumed, _ = resume_point(new, state)
+        emissions = resumed.worker_emissions(new.num_virtual_workers // 2)
+        return {"left": int(resumed.available), "emitted": len(emissions), "epoch": epoch}
+
+    return run
+
+
+def case_manifest(path: str) -> Callable[[], Dict[str, Any]]:
+    def run() -> Dict[str, Any]:
+        from dali_shards.catalog.manifest import read_manifest
+
+        shards = read_manifest(path)
+        return {"shards": len(shards), "samples": sum(s.samples for s in shards)}
+
+    return run
+
+
+def case_readers(shards: int, per_shard: int) -> Callable[[], Dict[str, Any]]:
+    def run() -> Dict[str, Any]:
+        spec = spec_of(shards, per_shard, 64, 4)
+        plan = spec.epoch(1)
+        readers = [0] * shards
+        for v in range(spec.num_virtual_workers):
+            for shard in {seg.shard for seg in plan.worker_reads(v)}:
+                readers[shard] += 1
+        return {"readers_per_shard": round(sum(readers) / shards, 2), "max": max(readers)}
+
+    return run
+
+
+def make_manifest(root: str, shards: int, per_shard: int) -> str:
+    """A manifest of ``shards`` synthetic shards with offsets and key fingerprints (the shards
+    themselves are not written: reading the manifest never opens them)."""
+    import numpy as np
+
+    from dali_shards import ShardInfo, write_manifest  # (the same names in every release)
+    from dali_shards.catalog.manifest import MANIFEST_VERSION
+
+    path = os.path.join(root, f"manifest-v{MANIFEST_VERSION}-{shards}x{per_shard}", "manifest.json")
+    if os.path.exists(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rng = np.random.default_rng(0)
+    infos = []
+    for s in range(shards):
+        blocks = rng.integers(100, 300, per_shard)
+        offsets = np.concatenate([[0], np.cumsum(blocks) * 512])
+        crc = rng.integers(0, 2**32, per_shard, dtype=np.uint32)
+        size = int(offsets[-1]) + 1024
+        infos.append(ShardInfo(f"{os.path.dirname(path)}/s-{s:07d}.tar", per_shard, size, {"jpg": size // 2, "cls": 3 * per_shard},
+                               ShardInfo.offsets_from(offsets), crc))  # fmt: skip
+    write_manifest(path, infos)
+    return path
+
+
+def make_tiny_shards(root: str, shards: int) -> str:
+    """``shards`` tiny real shards (2 samples each) and their manifest."""
+    from dali_shards.tools.writer import ShardWriter
+
+    folder = os.path.join(root, f"tiny-{shards}")
+    manifest = os.path.join(folder, "manifest.json")
+    if not os.path.exists(manifest):
+        with ShardWriter(os.path.join(folder, "t-%06d.tar"), max_count=2) as writer:
+            for i in range(2 * shards):
+                writer.write({"__key__": f"{i:08d}", "cls": i % 10, "txt": "x" * 40})
+    return manifest
+
+
+def case_first_batch(manifest: str) -> Callable[[], Dict[str, Any]]:
+    from dali_shards import sharded_pipeline  # (imports are not what is measured)
+    from dali_shards.pytorch import DALIShardedIterator
+
+    def run() -> Dict[str, Any]:
+        @sharded_pipeline(manifest, fields=("cls",), batch_size=32, py_num_workers=2, shuffle=True,
+                          world_size=512, rank=0, device_id=None, num_threads=1)  # fmt: skip
+        def pipe(cls):
+            return cls
+
+        next(DALIShardedIterator(pipe(), ["cls"]))
+        return {}
+
+    return run
+
+
+def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
+    """Each case's setup (run in the parent, not measured), returning what the child measures."""
+    return {
+        "order-10k": lambda: case_order(10_000, 1000, 64),
+        "order-100k": lambda: case_order(100_000, 1000, 512),
+        "order-1m": lambda: case_order(1_000_000, 10_000, 4096),
+        "elastic-10m": lambda: case_elastic(10_000, 1000, 64, 48),
+        "elastic-100m": lambda: case_elastic(100_000, 1000, 512, 384),
+        "manifest-10k": lambda: case_manifest(make_manifest(root, 10_000, 1000)),
+        "manifest-100k": lambda: case_manifest(make_manifest(root, 100_000, 1000)),
+        "readers-2000": lambda: case_readers(2000, 200),
+        "readers-20000": lambda: case_readers(20_000, 20),
+        "first-batch": lambda: case_first_batch(make_tiny_shards(root, 20_000)),
+    }
+
+
+def child(name: str, root: str, max_mib: int) -> None:
+    if name != "first-batch":  # a pure case: a runaway one fails alone instead of exhausting the machine
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (max_mib << 20, max_mib << 20))
+    run = cases(root)[name]()
+    import numpy  # noqa: F401 - loaded before the baseline, as every worker has it
+
+    import dali_shards.plan.resume  # noqa: F401
+
+    reset_peak()
+    base = rss_mib()
+    start = time.perf_counter()
+    extra = run()
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": round(seconds, 3), "mib": round(peak_mib() - base, 1), **extra}))
+
+
+def measure(name: str, root: str, timeout: float, max_mib: int) -> Dict[str, Any]:
+    cases(root)[name]()  # data made here, outside the measured process
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--data-dir", root, "--max-mib", str(max_mib)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]
+        return {"error": "out of memory (over --max-mib)" if "MemoryError" in last else last[:200]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def verdict(name: str, result: Dict[str, Any]) -> str:
+    target = TARGETS[name]
+    if "error" in result or target is None:
+        return ""
+    if isinstance(target, tuple):
+        return "ok" if result["seconds"] <= target[0] and result["mib"] <= target[1] else "OVER"
+    return "ok" if result["readers_per_shard"] <= target else "OVER"
+
+
+def main(argv=None) -> Dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--cases", default=",".join(TARGETS))
+    ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "dali-shards-scale"))
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--max-mib", type=int, default=8192, help="address space a pure case may take (MiB)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.data_dir, args.max_mib)
+        return {}
+    results: Dict[str, Any] = {}
+    print(f"{'case':15} {'seconds':>8} {'MiB':>8} {'readers':>8}  target   verdict")
+    for name in args.cases.split(","):
+        result = results[name] = measure(name, args.data_dir, args.timeout, args.max_mib)
+        target = TARGETS[name]
+        shown = f"<= {target[0]} s, {target[1]} MiB" if isinstance(target, tuple) else (f"<= {target}" if target else "-")
+        if "error" in result:
+            print(f"{name:15} {result['error']}", flush=True)
+            continue
+        cells = [result.get("seconds", ""), result.get("mib", ""), result.get("readers_per_shard", "")]
+        print(f"{name:15} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8}  {shown:22} {verdict(name, result)}", flush=True)
+    report = {"machine": f"{os.cpu_count()} CPUs", "python": sys.version.split()[0], "results": results,
+              "targets": {k: v for k, v in TARGETS.items()}}  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

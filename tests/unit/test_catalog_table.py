@@ -1,0 +1,135 @@
+"""Version-3 manifests: per-shard entries in the JSON, per-sample offsets and key fingerprints in the
+sample table beside it, read one shard's record at a time by the worker that reads the shard."""
+
+import json
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from dali_shards.catalog import manifest as manifest_module
+from dali_shards.catalog import table as table_module
+from dali_shards.catalog.manifest import load_index, read_manifest, write_manifest
+from dali_shards.catalog.scan import scan_shards
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.catalog.table import SampleTables, record_starts
+from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.options import ShardedOptions, StorageOptions
+from dali_shards.setup.resolve import resolve
+from dali_shards.tools.writer import write_shard
+
+
+@pytest.fixture
+def shards(tmp_path):
+    paths = [str(tmp_path / f"s-{i}.tar") for i in range(4)]
+    for i, path in enumerate(paths):
+        write_shard(path, [{"__key__": f"k{i}-{j:03d}", "txt": b"x" * (100 + j)} for j in range(3 + 5 * i)])
+    return paths
+
+
+def test_the_manifest_holds_no_per_sample_data_and_the_table_holds_it_exactly(tmp_path, shards):
+    scanned = scan_shards(shards)
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scanned)
+    doc = json.load(open(manifest))
+    assert doc["version"] == 3 and doc["sample_table"] == "manifest.samples"
+    assert all(set(e) <= {"url", "samples", "bytes", "ext_bytes"} for e in doc["shards"])
+    assert os.path.getsize(tmp_path / "manifest.samples") == record_starts([s.samples for s in scanned])[-1]
+    listed = read_manifest(manifest)
+    assert all(s.offsets is None and s.key_crc is None and s.has_spans for s in listed)
+    for got, want in zip(map(load_index, listed), scanned):
+        assert got.offsets.tolist() == want.offsets.tolist() and got.key_crc.tolist() == want.key_crc.tolist()
+
+
+def test_a_worker_loads_only_the_records_of_the_shards_it_reads(tmp_path, shards):
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    resolved = resolve(ShardedOptions(source=manifest, fields=("txt",), batch_size=2, py_num_workers=1, world_size=1, rank=0))
+    cfg = pickle.loads(pickle.dumps(resolved.workers[0]))  # as a spawned worker gets it
+    assert cfg.offsets == (None,) * 4 and not cfg.tables._loaded
+    want = scan_shards([shards[2]])[0]
+    assert cfg.sample_offsets(2).tolist() == want.offsets.tolist()
+    assert cfg.sample_keys(2).tolist() == want.key_crc.tolist()
+    assert list(cfg.tables._loaded) == [2]
+
+
+def test_records_beyond_the_cache_are_dropped_least_recent_first(tmp_path, shards, monkeypatch):
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    listed = read_manifest(manifest)
+    tables = SampleTables.of(listed, StorageOptions())
+    monkeypatch.setattr(table_module, "CACHE_BYTES", 300)
+    for s in range(4):
+        tables.load(s, listed[s].url, listed[s].samples, listed[s].bytes)
+    assert len(tables._loaded) < 4 and 3 in tables._loaded and tables._bytes <= 300 + 400
+
+
+def test_a_missing_or_short_table_is_refused_at_the_start(tmp_path, shards):
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    table = tmp_path / "manifest.samples"
+    table.write_bytes(table.read_bytes()[:-8])
+    with pytest.raises(ConfigError, match=r"sample table .*manifest\.samples.* holds \d+ bytes, fewer than"):
+        resolve_source(manifest)
+    table.unlink()
+    with pytest.raises(ConfigError, match=r"sample table .*manifest\.samples.* is missing"):
+        resolve_source(manifest)
+
+
+def test_a_damaged_record_names_its_shard_when_read(tmp_path, shards):
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    listed = read_manifest(manifest)
+    table = tmp_path / "manifest.samples"
+    raw = bytearray(table.read_bytes())
+    raw[listed[1].table_at + 8 : listed[1].table_at + 16] = np.int64(7).tobytes()  # sample 1 of shard 1 at byte 7
+    table.write_bytes(bytes(raw))
+    assert load_index(listed[0]).offsets is not None
+    with pytest.raises(ShardFormatError, match=r"s-1\.tar.*sample table is damaged"):
+        load_index(listed[1])
+
+
+@pytest.mark.parametrize("name", ["../x.samples", "/etc/passwd", "http://elsewhere/x.samples", ""])
+def test_the_table_must_sit_beside_its_manifest(tmp_path, shards, name):
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    doc = json.load(open(manifest))
+    doc["sample_table"] = name
+    json.dump(doc, open(manifest, "w"))
+    with pytest.raises(ConfigError, match='"sample_table" must be the name of a file beside it'):
+        read_manifest(manifest)
+
+
+def test_compressed_shards_and_unknown_keys_say_so(tmp_path, shards):
+    gz = str(tmp_path / "c.tar.gz")
+    write_shard(gz, [{"__key__": f"z{j}", "txt": b"y"} for j in range(4)])
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards([shards[0], gz]))
+    doc = json.load(open(manifest))
+    assert doc["shards"][1]["spans"] is False and "keys" not in doc["shards"][1]
+    listed = read_manifest(manifest)
+    assert listed[0].has_spans and not listed[1].has_spans
+    assert load_index(listed[1]).offsets is None and len(load_index(listed[1]).key_crc) == 4
+
+
+def test_version_2_manifests_still_read_with_a_warning_where_large(tmp_path, shards, monkeypatch, caplog):
+    manifest = str(tmp_path / "old.json")
+    write_manifest(manifest, scan_shards(shards), version=2)
+    assert "sample_blocks" in json.load(open(manifest))["shards"][0]
+    monkeypatch.setattr(manifest_module, "INLINE_WARN_SAMPLES", 10)
+    with caplog.at_level(logging.WARNING, logger="dali_shards"):
+        listed = read_manifest(manifest)
+    assert all(s.offsets is not None for s in listed)
+    assert "rewrite it with `dali-shards index`" in caplog.text
+
+
+def test_rewriting_a_manifest_keeps_the_records_of_shards_it_lists(tmp_path, shards):
+    """A manifest rewritten from its own entries (as ShardWriter does for shards it keeps) carries
+    their records over from the table it replaces."""
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    write_manifest(manifest, read_manifest(manifest)[::-1])
+    for got, want in zip(map(load_index, read_manifest(manifest)), scan_shards(shards)[::-1]):
+        assert got.offsets.tolist() == want.offsets.tolist()

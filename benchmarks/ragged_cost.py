@@ -2,7 +2,7 @@
 
 A batch of ``--batch`` samples, each with 0-19 boxes (float32, (n, 4)), their labels (int32, (n,)) and
 a key of 10-30 characters, as DALI hands them over (CPU TensorLists), is converted as the iterator
-converts it (``dali_shards.torch_outputs.BatchOutputs``): ``ragged="list"`` (a tensor per sample),
+converts it (``dali_shards.pytorch.outputs.BatchOutputs``): ``ragged="list"`` (a tensor per sample),
 ``ragged="pad"`` (one zero-padded tensor and the shapes) and keys as ``str``; beside it, what DALI's own
 iterator spends on one dense output of the same bytes (``(batch, 19, 4)`` float32: ``as_tensor`` and a
 copy into a torch tensor). Median of ``--rounds`` rounds of ``--reps`` batches each. Prints a table and
@@ -24,7 +24,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 from nvidia.dali.tensors import TensorListCPU
 
-from dali_shards.torch_outputs import BatchOutputs
+from dali_shards.pytorch.outputs import BatchOutputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -7,12 +7,12 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
 (each function's own time, by module):
 
 - read: the system calls that bring the bytes (``pread``/``preadv``/``read``/``readinto``);
-- parse: the tar headers (``io/tarformat.py``, ``io/tarheader.py``, ``io/spanparse.py``,
+- parse: the tar headers (``tar/format.py``, ``tar/header.py``, ``tar/spans.py``,
   ``io/positioned.py``);
 - check: the image check (``worker/imagecheck.py``);
-- pack: fields to a packed sample (``worker/layout.py`` but the table, ``slots.py``, ``stage.py``,
+- pack: fields to a packed sample (``shm/packing.py`` but the table, ``slots.py``, ``stage.py``,
   ``decoders.py``, ``outputs.py``);
-- hand-over: the mini-batch's table written into the slot (``SampleLayout.table_array``);
+- hand-over: the mini-batch's table written into the slot (``Packing.table_array``);
 - plan and order: everything else (the worker source, the reading loop, NumPy and Python built-ins
   called from the stages above).
 
@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 STAGES = ("read", "parse", "check", "pack", "hand-over", "plan and order")
 _READS = ("preadv", "pread", "'read' of", "'readinto' of")
 _PARSE = ("tarformat.py", "tarheader.py", "spanparse.py", "positioned.py", "tarblocks.py")
-_PACK = ("layout.py", "slots.py", "stage.py", "decoders.py", "outputs.py")
+_PACK = ("packing.py", "slots.py", "stage.py", "decoders.py", "outputs.py")
 
 
 def stage_of(filename: str, function: str) -> str:
@@ -85,22 +85,22 @@ def make_source(args):
 def one_epoch(config, new_source, epoch: int, buffer) -> int:
     """An epoch's steps written into ``buffer`` as the ring's producer writes them into its slot."""
     try:
-        from dali_shards.worker.tables import as_table
+        from dali_shards.shm.tables import as_table
     except ImportError:  # a release before the fast path (for before/after figures)
 
         class as_table:  # noqa: N801 - stands in for the function
-            def __init__(self, layout, samples):
-                self.layout, self.samples = layout, samples
+            def __init__(self, packing, samples):
+                self.packing, self.samples = packing, samples
 
             def __len__(self):
                 return len(self.samples)
 
             def write(self, out):
-                self.layout.table_array(self.samples, out=out[: self.layout.table_size(self.samples)])
+                self.packing.table_array(self.samples, out=out[: self.packing.table_size(self.samples)])
 
     count = 0
     for batch in new_source().epoch(epoch):
-        table = as_table(config.layout, batch)
+        table = as_table(config.packing, batch)
         table.write(buffer)
         count += len(table)
     return count

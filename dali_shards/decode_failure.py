@@ -16,8 +16,8 @@ import numpy as np
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import local_path, open_shard
-from dali_shards.io.tarformat import TarReader
-from dali_shards.io.tarheader import printable
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.header import printable
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS
 
 _FAILED = re.compile(r"Failed to decode sample #(\d+)")
@@ -43,7 +43,7 @@ def decode_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Opti
         shard -= 1
     position = index - int(starts[shard])
     url = info.shards[shard].url
-    fields = [f.name for f in info.layout.byte_fields if IMAGE_EXTENSIONS.intersection(f.extensions)]
+    fields = [f.name for f in info.packing.byte_fields if IMAGE_EXTENSIONS.intersection(f.extensions)]
     return ShardFormatError(
         url,
         f"DALI's decoder failed on sample {position} of the shard (slot #{slot} of step {step} of epoch {epoch}, "

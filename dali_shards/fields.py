@@ -22,7 +22,7 @@ except ImportError:  # Python 3.10
 
 
 class FieldKind(StrEnum):
-    """What travels in a field's header slots (see ``worker/layout.py``)."""
+    """What travels in a field's header slots (see ``shm/packing.py``)."""
 
     PAYLOAD = "payload"  # the large byte field (or array) of the table layout, in a slot of its own
     BYTES = "bytes"  # a member's bytes: offset and length

@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Optional, Sequence
 
 from dali_shards.plan.geometry import virtual_worker
-from dali_shards.worker.control import ControlBlock, WorkerStatus
+from dali_shards.shm.control import ControlBlock, WorkerStatus
 from dali_shards.worker.process import HEARTBEAT_S
 
 log = logging.getLogger("dali_shards")

@@ -32,7 +32,7 @@ from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
 from dali_shards import ShardWriter, pipeline_has_gpu, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images
-from dali_shards.world import default_device_id
+from dali_shards.device import default_device_id
 
 
 def parse_args(argv=None):

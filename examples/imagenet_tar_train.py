@@ -34,7 +34,8 @@ from nvidia.dali import fn, types
 from tqdm import tqdm
 
 from dali_shards import pipeline_has_gpu, pipeline_info, sharded_pipeline
-from dali_shards.world import default_device_id, resolve_world
+from dali_shards.world import resolve_world
+from dali_shards.device import default_device_id
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
 

@@ -159,11 +159,15 @@ def _write_remote(path: str, write: Callable[[], object]) -> None:
     try:
         write()
     except Exception as exc:  # noqa: BLE001 - named in the message
-        raise ConfigError(
-            f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}. For a read-only server (HTTP), "
-            "write it locally with --manifest local.json and pass local.json as the source; or upload it "
-            "(and its .samples table) beside the shards as manifest.json"
-        ) from None
+        raise _unwritable(path, exc) from None
+
+
+def _unwritable(path: str, exc: Exception) -> ConfigError:
+    return ConfigError(
+        f"cannot write manifest {path!r}: {type(exc).__name__}: {exc}. For a read-only server (HTTP), write it "
+        "locally with --manifest local.json and pass local.json as the source; or upload it (and its .samples "
+        "table) beside the shards as manifest.json"
+    )
 
 
 def _inline(info: ShardInfo, config: StorageOptions) -> Dict[str, str]:

@@ -14,7 +14,7 @@ from dali_shards.errors import ShardAccessError, ShardError
 from dali_shards.io.filesystems import DEFAULT_STORAGE, is_remote
 from dali_shards.io.ranged import RangeReader
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarscan import ShardStats, key_fingerprints, scan_tar
+from dali_shards.tar.scan import ShardStats, key_fingerprints, scan_tar
 from dali_shards.options import OnError, StorageOptions, option_default
 
 log = logging.getLogger("dali_shards")

@@ -176,7 +176,7 @@ class ShardCache:
             total -= e_size
         return total <= self.limit
 
-    def _admit(self, tmp: str, url: str) -> str:
+    def admit(self, tmp: str, url: str) -> str:
         """Move a complete copy into place (its room was reserved; the least recently used beyond
         the limit are evicted, should there be any); returns its path."""
         fd = self._lock()

@@ -105,7 +105,7 @@ class CacheWriter(Tee):
                 return
             try:
                 self._file.close()
-                self._admitted = self.cache._admit(self._tmp, self.url)
+                self._admitted = self.cache.admit(self._tmp, self.url)
             except OSError as exc:
                 log.warning("dali_shards: cannot cache %s (%s)", self.url, exc)
                 _remove(self._tmp)

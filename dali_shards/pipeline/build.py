@@ -17,12 +17,12 @@ from dali_shards.setup.first_sample import output_names
 from dali_shards.setup.resolve import Resolved, resolve
 from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
-from dali_shards.worker.control import ControlBlock
+from dali_shards.shm.control import ControlBlock
 from dali_shards.fields import KEY, FieldKind
-from dali_shards.worker.slots import FieldSpec
+from dali_shards.shm.packed import FieldSpec
 from dali_shards.transfer.merge.transfer import MergeTransfer
 from dali_shards.transfer.ring.transfer import RingTransfer
-from dali_shards.world import check_start_method, default_device_id
+from dali_shards.device import check_start_method, default_device_id
 
 _TAG_PIPELINE_SEED = 0x4155_4720
 DEFAULT_NUM_THREADS = max(1, min(4, os.cpu_count() or 1))  # DALI's CPU threads when num_threads is not given
@@ -62,8 +62,8 @@ def build_sharded_pipeline(
         result = func(*fields, *fn_args, **fn_kwargs)
         captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
         captured["slot_status"] = slot_status
-        captured["key_outputs"] = key_positions(captured["outputs"], fields, resolved.layout.fields)
-        captured["varying_outputs"] = varying_positions(captured["outputs"], fields, resolved.layout.fields)
+        captured["key_outputs"] = key_positions(captured["outputs"], fields, resolved.packing.fields)
+        captured["varying_outputs"] = varying_positions(captured["outputs"], fields, resolved.packing.fields)
         return result
 
     kwargs: Dict[str, Any] = {
@@ -134,10 +134,10 @@ def make_transfer(resolved: Resolved, start_method: str, control: Optional[Contr
     """The pipeline's transfer (``options.transfer``) over the resolved workers."""
     options = resolved.options
     if options.transfer is Transfer.MERGE:
-        return MergeTransfer(resolved.workers, resolved.layout, batch_size=options.batch_size,
+        return MergeTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
                              worker_prefetch=options.worker_prefetch, bytes_per_sample_hint=resolved.bytes_per_sample_hint)  # fmt: skip
     per_sample = (resolved.bytes_per_sample_hint or 0) * options.py_num_workers  # (the hint is per merge slot)
     first_slot = per_sample * (options.batch_size // options.py_num_workers)
-    return RingTransfer(resolved.workers, resolved.layout, batch_size=options.batch_size,
+    return RingTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
                         worker_prefetch=options.worker_prefetch, start_method=start_method,
                         start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control)  # fmt: skip

@@ -16,9 +16,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import RawSample, TarReader
+from dali_shards.tar.format import RawSample, TarReader
 from dali_shards.options import OnError, ShardedOptions, Transfer
-from dali_shards.worker.layout import SPECIAL_FIELDS, SampleLayout, check_npy_dtype
+from dali_shards.shm.packing import SPECIAL_FIELDS, Packing, check_npy_dtype
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs
@@ -61,7 +61,7 @@ def first_sample_outputs(
     """The specs of the outputs ``names`` (with a ``map``) or of the ``.npy`` fields (without),
     and their sizes in bytes, from the first sample the stage handles."""
     error: Optional[ShardError] = None
-    for tried, (sample, index) in enumerate(samples(shards, options, stage.layout.extensions)):
+    for tried, (sample, index) in enumerate(samples(shards, options, stage.packing.extensions)):
         if tried >= PROBE_SAMPLES:
             break
         try:
@@ -101,10 +101,10 @@ def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[st
 def table_or_packed(
     transfer: str, py_num_workers: int, sizes: Callable[[], Sequence[Tuple[float, int, str]]]
 ) -> Tuple[bool, Optional[str]]:
-    """(table layout?, payload) of a sample's slot (see ``worker/layout.py``): the ring transfer's
+    """(table packing?, payload) of a sample's slot (see ``shm/packing.py``): the ring transfer's
     table, every field in it; the merge transfer's table for two or more workers, with the largest
     of ``sizes()`` ((bytes, tie-break, name) of the fields that may be the payload) as payload; the
-    packed layout for one worker. The one place this is decided."""
+    packed packing for one worker. The one place this is decided."""
     if Transfer(transfer) is Transfer.RING:
         return True, None
     if py_num_workers < 2:
@@ -113,10 +113,10 @@ def table_or_packed(
     return True, (max(candidates)[2] if candidates else None)
 
 
-def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> SampleLayout:
-    """The layout of a ``map``'s outputs (``table_or_packed``; the payload: the largest output in
+def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> Packing:
+    """The packing of a ``map``'s outputs (``table_or_packed``; the payload: the largest output in
     the first sample)."""
     table, payload = table_or_packed(options.transfer, options.py_num_workers, lambda: [
         (float(sizes.get(s.name, 0)), -i, s.name) for i, s in enumerate(specs) if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)
     ])  # fmt: skip
-    return SampleLayout(options.fields, table=table, payload=payload, outputs=specs, image_check=options.image_check)
+    return Packing(options.fields, table=table, payload=payload, outputs=specs, image_check=options.image_check)

@@ -11,7 +11,7 @@ from dali_shards.options import OnError
 from dali_shards.plan.resume import Plan, epoch_plan, make_state, resume_point
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
-from dali_shards.worker.control import ControlBlock
+from dali_shards.shm.control import ControlBlock
 
 
 def _resolved(name: str, doc: str = "") -> Any:
@@ -23,7 +23,7 @@ def _resolved(name: str, doc: str = "") -> Any:
 class ShardedPipelineInfo:
     """What a sharded pipeline reads and how: attached to it as ``pipe.dali_shards``.
 
-    ``resolved`` holds the options, the world, the shards, the layout and the plan spec; a resumed
+    ``resolved`` holds the options, the world, the shards, the packing and the plan spec; a resumed
     pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch).
     ``outputs`` are the graph function's outputs and ``slot_status`` each slot's index and status
     (the iterator adds it as an output); ``key_outputs`` the positions of the outputs that are
@@ -42,13 +42,13 @@ class ShardedPipelineInfo:
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
-    # layout, resume_plan and streaming spec (None in the planned mode), as attributes
+    # packing, resume_plan and streaming spec (None in the planned mode), as attributes
     options = _resolved("options")
     spec = _resolved("spec")
     rank = _resolved("rank")
     start_epoch = _resolved("start_epoch")
     shards = _resolved("shards")
-    layout = _resolved("layout")
+    packing = _resolved("packing")
     resume_plan = _resolved("resume_plan")
     streaming = _resolved("streaming", "the streaming mode's spec (None: planned mode)")
 
@@ -68,7 +68,7 @@ class ShardedPipelineInfo:
 
     @property
     def fields(self) -> Tuple[str, ...]:
-        return tuple(f.name for f in self.layout.fields)
+        return tuple(f.name for f in self.packing.fields)
 
     def plan(self, epoch: int) -> Plan:
         """The plan of an epoch (the resumed plan for the epoch a resumed pipeline starts in)."""

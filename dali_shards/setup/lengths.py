@@ -8,7 +8,7 @@ from typing import Any, Dict, Sequence, Set, Tuple
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ShardError
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.options import ShardedOptions
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs
@@ -37,7 +37,7 @@ class SampleLengths:
         info = self.shards[s]
         base = int(plan.canonical_starts[s])
         with open_shard(info.url, self.options.storage, info.bytes) as stream:
-            reader = TarReader(stream, info.url).samples(self.stage.layout.extensions, select=wanted.__contains__)
+            reader = TarReader(stream, info.url).samples(self.stage.packing.extensions, select=wanted.__contains__)
             for sample in reader:
                 try:
                     found[(s, sample.position)] = self.stage.pack(sample, base + sample.position, plan.epoch).length

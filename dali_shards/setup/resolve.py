@@ -1,6 +1,6 @@
 """From options and the world to everything the workers need: a pure step with no DALI import.
 
-``resolve`` lists the shards and their sizes, chooses the slot layout, builds the plan spec (or
+``resolve`` lists the shards and their sizes, chooses how samples are packed, builds the plan spec (or
 the streaming spec), applies a resume state, and makes one picklable ``WorkerConfig`` per local
 worker. ``pipeline/build.py`` then turns the result into DALI external sources and a pipeline.
 """
@@ -29,7 +29,7 @@ from dali_shards.errors import ConfigError
 from dali_shards.setup.first_sample import choose_outputs_layout, first_sample_outputs, table_or_packed
 from dali_shards.setup.lengths import SampleLengths
 from dali_shards.fields import check_decoders
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
 from dali_shards.fields import FieldKind
@@ -52,7 +52,7 @@ class Resolved:
     rank: int
     shards: Tuple[ShardInfo, ...]
     dataset: DatasetId
-    layout: SampleLayout
+    packing: Packing
     spec: PlanSpec
     streaming: Optional[StreamingSpec]
     start_epoch: int
@@ -88,7 +88,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         )
     )
     stage, sizes = choose_stage(options, shards, outputs)
-    layout = stage.layout
+    packing = stage.packing
     spec, streaming = _specs(options, shards, world_size)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     resume_prior: List[Dict[str, Any]]
@@ -109,7 +109,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         offsets=tuple(s.offsets for s in shards) if streaming is None else (),
         key_crc=tuple(s.key_crc for s in shards) if streaming is None else (),
         tables=SampleTables.of(shards, options.storage) if streaming is None else SampleTables(),
-        layout=layout,
+        packing=packing,
         on_error=options.on_error,
         image_check=options.image_check,
         storage=options.storage,
@@ -124,14 +124,14 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         rank=rank,
         shards=shards,
         dataset=dataset,
-        layout=layout,
+        packing=packing,
         spec=spec,
         streaming=streaming,
         start_epoch=start_epoch,
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
         workers=tuple(dataclasses.replace(first_worker, worker=w) for w in range(options.py_num_workers)),
-        bytes_per_sample_hint=bytes_per_sample_hint(shards, layout, options.py_num_workers, sizes),
+        bytes_per_sample_hint=bytes_per_sample_hint(shards, packing, options.py_num_workers, sizes),
         lengths=lengths,
     )
 
@@ -211,40 +211,40 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
     return sum((s.ext_bytes or {}).get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
 
 
-def choose_layout(
+def choose_packing(
     fields: Sequence[str],
     shards: Sequence[ShardInfo],
     py_num_workers: int,
     image_check: str = option_default("image_check"),
     arrays: Optional[Dict[str, Tuple[str, int]]] = None,
     transfer: str = option_default("transfer"),
-) -> SampleLayout:
-    """The ring transfer's layout: a table of rows and a heap, every field in it (no payload). The
-    merge transfer's: the table layout for two or more workers, with the largest byte field (by the
-    scan's per-extension sizes; else the first) as payload; the packed layout for one worker."""
+) -> Packing:
+    """The ring transfer's packing: a table of rows and a heap, every field in it (no payload). The
+    merge transfer's: the table form for two or more workers, with the largest byte field (by the
+    scan's per-extension sizes; else the first) as payload; the single-array form for one worker."""
     table, payload = table_or_packed(transfer, py_num_workers, lambda: [
         (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name)
-        for i, spec in enumerate(SampleLayout(fields).byte_fields)
+        for i, spec in enumerate(Packing(fields).byte_fields)
     ])  # fmt: skip
-    return SampleLayout(fields, table=table, payload=payload, image_check=image_check, arrays=arrays)
+    return Packing(fields, table=table, payload=payload, image_check=image_check, arrays=arrays)
 
 
 def choose_stage(
     options: ShardedOptions, shards: Sequence[ShardInfo], outputs: Sequence[str]
 ) -> Tuple[SampleStage, Dict[str, int]]:
-    """The workers' Python stage (its layout included) and, with a ``map``, the sizes of its
+    """The workers' Python stage (its packing included) and, with a ``map``, the sizes of its
     outputs in the first sample; user callables are made portable (refused here if they cannot
     be pickled), and the types of ``.npy`` fields and ``map`` outputs taken from the first sample."""
     mapper = Portable(options.map, "map") if options.map is not None else None
     decoders = {k: (None if v is None else Portable(v, f"decoders[{k!r}]")) for k, v in check_decoders(options.decoders, options.fields).items()}
     bucket_by = Portable(options.bucket_by, "bucket_by") if options.bucket_by is not None else None
-    reading = SampleLayout(options.fields, image_check=options.image_check)
+    reading = Packing(options.fields, image_check=options.image_check)
     if mapper is None:
         npy = [f.name for f in reading.fields if f.kind == FieldKind.ARRAY]
         specs = first_sample_outputs(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
         arrays = {s.name: (s.dtype, s.ndim) for s in specs}
-        layout = choose_layout(options.fields, shards, options.py_num_workers, options.image_check, arrays, options.transfer)
-        return SampleStage(layout, None, decoders, bucket_by, options.seed), {}
+        packing = choose_packing(options.fields, shards, options.py_num_workers, options.image_check, arrays, options.transfer)
+        return SampleStage(packing, None, decoders, bucket_by, options.seed), {}
     if not outputs:
         raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")
     specs, sizes = first_sample_outputs(options, shards, SampleStage(reading, mapper, decoders), outputs)
@@ -255,19 +255,19 @@ MAX_SLOT_HINT = 64 << 20
 
 
 def bytes_per_sample_hint(
-    shards: Sequence[ShardInfo], layout: SampleLayout, py_num_workers: int, sizes: Optional[Dict[str, int]] = None
+    shards: Sequence[ShardInfo], packing: Packing, py_num_workers: int, sizes: Optional[Dict[str, int]] = None
 ) -> Optional[int]:
     """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
     ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers
     (with a ``map``: the size of its outputs in the first sample), at most ``MAX_SLOT_HINT`` (DALI
     grows a slot that needs more: a manifest's sizes of compressed shards are not bounded by theirs)."""
     if sizes:
-        return min(MAX_SLOT_HINT, int((sum(sizes.values()) + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
-    exts = [e for spec in layout.byte_fields for e in spec.extensions]
+        return min(MAX_SLOT_HINT, int((sum(sizes.values()) + packing.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
+    exts = [e for spec in packing.byte_fields for e in spec.extensions]
     mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:
         known = [(s.bytes, s.samples) for s in shards if s.bytes and s.samples > 0]
         if not known:
             return None
         mean = sum(b for b, _ in known) / sum(n for _, n in known)
-    return min(MAX_SLOT_HINT, int((mean + layout.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
+    return min(MAX_SLOT_HINT, int((mean + packing.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)

@@ -15,8 +15,8 @@ from dali_shards.catalog.sources import SHARD_SUFFIXES
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.io.storage import local_path, open_shard, shard_size
-from dali_shards.io.tarformat import BLOCK, TarReader
-from dali_shards.io.tarscan import ShardStats, key_fingerprints
+from dali_shards.tar.format import BLOCK, TarReader
+from dali_shards.tar.scan import ShardStats, key_fingerprints
 
 INDEX_VERSION = "v1.2"
 

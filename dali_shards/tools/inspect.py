@@ -21,7 +21,7 @@ from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE
 from dali_shards.catalog.scan import stored_size
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.tools.labels import LABEL_EXT, clustering, shard_labels
 from dali_shards.tools.write_command import human_size
 

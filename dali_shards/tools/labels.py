@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Dict, Optional, Sequence
 
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.options import StorageOptions
 
 LABEL_EXT = "cls"

@@ -17,7 +17,7 @@ from typing import Any, Iterable, List, Mapping, Optional, TypeVar, Union
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.errors import ConfigError, DaliShardsError
-from dali_shards.io.tarscan import ShardStats, key_fingerprints
+from dali_shards.tar.scan import ShardStats, key_fingerprints
 from dali_shards.tools.encode import Value, check_names, encode
 
 SampleData = Mapping[str, Union[Value, Any]]

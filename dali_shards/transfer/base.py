@@ -17,7 +17,7 @@ class Transfer(Protocol):
     name: str
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
-        """Inside the graph's definition: the requested fields (DataNodes, in the layout's order)
+        """Inside the graph's definition: the requested fields (DataNodes, in the packing's order)
         and each slot's ``[__index__, status]`` (int64) for the iterator."""
         ...
 

@@ -13,7 +13,7 @@ from dali_shards.options import ImageCheck, OnError, StorageOptions, option_defa
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.streaming import StreamingSpec
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 from dali_shards.worker.stage import SampleStage
 
 
@@ -29,7 +29,7 @@ class WorkerConfig:
     sample's key fingerprint where known (checked as samples are read); ``tables``, the sample tables
     of shards listed by a version-3 manifest, read for the shards this worker reads
     (``sample_offsets``, ``sample_keys``).
-    ``stage`` decodes, maps and measures samples (default: the layout's packing alone).
+    ``stage`` decodes, maps and measures samples (default: the packing's packing alone).
     """
 
     spec: Union[PlanSpec, StreamingSpec]
@@ -37,7 +37,7 @@ class WorkerConfig:
     worker: int
     urls: Tuple[str, ...]
     byte_sizes: Tuple[Optional[int], ...]
-    layout: SampleLayout
+    packing: Packing
     offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     key_crc: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     tables: SampleTables = field(default_factory=SampleTables, compare=False, repr=False)
@@ -65,7 +65,7 @@ class WorkerConfig:
         if len(self.key_crc) != len(self.urls):
             raise ValueError("one key fingerprint array (or None) per shard URL is required")
         if self.stage is None:
-            object.__setattr__(self, "stage", SampleStage(self.layout))
+            object.__setattr__(self, "stage", SampleStage(self.packing))
         object.__setattr__(self, "on_error", OnError(self.on_error))
         object.__setattr__(self, "image_check", ImageCheck(self.image_check))
 

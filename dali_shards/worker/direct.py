@@ -5,11 +5,11 @@ For the common case -- planned epochs, no ``map``/``decoders``/``bucket_by``, by
 index and valid fields, local shards whose sample offsets are known, mini-batches of at least
 ``MIN_DIRECT`` samples -- a worker writes each step's table into its slot itself: header rows,
 then each sample's span as it lies in the shard (one ``preadv`` per sample from the page cache
-into shared memory: the only copy), its members found by ``io/tarblocks.py``, the rows pointing
+into shared memory: the only copy), its members found by ``tar/blocks.py``, the rows pointing
 at the members' bytes (a key at its header's name). Integers are parsed, keys checked against the
 index's fingerprints and images checked per sample, in place. Anything out of the ordinary in a
 step (an irregular member, a bad or missing field, a damaged image, a stale index, a read error)
-makes the whole step go the general way (``Interleaved`` per sample, ``SampleLayout.table_array``),
+makes the whole step go the general way (``Interleaved`` per sample, ``Packing.table_array``),
 which raises or skips exactly as it always does. Imports no DALI.
 """
 
@@ -22,14 +22,14 @@ import numpy as np
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import local_path
-from dali_shards.io.tarblocks import walk_members
-from dali_shards.io.tarheader import BLOCK
+from dali_shards.tar.blocks import walk_members
+from dali_shards.tar.header import BLOCK
 from dali_shards.worker.decoders import decode_int
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, images_ok
-from dali_shards.worker.layout import INDEX_SLOT, STATUS_PADDING, STATUS_VALID, VALID_SLOT, Packed
+from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.reader import Skipped
-from dali_shards.worker.tables import Grow
+from dali_shards.shm.tables import Grow
 from dali_shards.fields import FieldKind
 
 MIN_DIRECT = 32  # below this many samples per step the general way costs less
@@ -40,13 +40,13 @@ class NotDirect(Exception):
     """This step goes the general way."""
 
 
-def direct_layout(config: Any) -> bool:
+def direct_fits(config: Any) -> bool:
     """Whether a worker's steps can take the fast path, as far as its options say (the shards
     are checked per epoch)."""
-    layout, stage, spec = config.layout, config.stage, config.spec
+    packing, stage, spec = config.packing, config.stage, config.spec
     return (
-        layout.table and layout.payload is None and not stage.user_code and spec.mini_batch >= MIN_DIRECT
-        and all(f.kind in DIRECT_KINDS for f in layout.fields) and hasattr(spec, "shard_sizes")
+        packing.table and packing.payload is None and not stage.user_code and spec.mini_batch >= MIN_DIRECT
+        and all(f.kind in DIRECT_KINDS for f in packing.fields) and hasattr(spec, "shard_sizes")
     )  # fmt: skip
 
 
@@ -81,16 +81,16 @@ class DirectBatches:
         return self
 
     def __next__(self) -> "DirectStep":
-        slot, m = self.source.slot, self.plan.spec.mini_batch
-        cut = slot.cut_step(self.epoch)
+        stamps, m = self.source.stamps, self.plan.spec.mini_batch
+        cut = stamps.cut_step(self.epoch)
         if self.step >= (self.steps if cut is None else min(cut, self.steps)):
             self.reading.close()
-            slot.end(self.epoch, self.step, produced=False)
+            stamps.end(self.epoch, self.step, produced=False)
             raise StopIteration
-        slot.begin(self.epoch, self.step)
+        stamps.begin(self.epoch, self.step)
         part = self.emissions[self.step * m : (self.step + 1) * m]
         self.step += 1
-        done = lambda step=self.step: slot.end(self.epoch, step)  # noqa: E731 - once it is written
+        done = lambda step=self.step: stamps.end(self.epoch, step)  # noqa: E731 - once it is written
         return DirectStep(self, [self.place[p] for p, _ in part], [ok for _, ok in part], done)
 
 
@@ -101,9 +101,9 @@ class DirectStep:
     def __init__(self, epoch: DirectBatches, places: Sequence[int], valid: Sequence[bool], done: Any = lambda: None):
         self.epoch, self.reading, self.good, self.done = epoch, epoch.reading, epoch.good, done
         self.places, self.valid = list(places), list(valid)
-        self.layout = self.reading.cfg.layout
+        self.packing = self.reading.cfg.packing
         self.unique = np.array(list(dict.fromkeys(self.places)), dtype=np.int64)  # padding repeats the last sample
-        self.rows_bytes = len(self.places) * self.layout.header_bytes
+        self.rows_bytes = len(self.places) * self.packing.header_bytes
         self.spans = epoch.spans[self.unique]
         lengths = self.spans[:, 1] - self.spans[:, 0]
         self.starts = _aligned(self.rows_bytes) + np.concatenate([[0], np.cumsum(-(-lengths // BLOCK) * BLOCK)[:-1]])
@@ -122,10 +122,10 @@ class DirectStep:
                 return used
             except NotDirect:
                 self._packed = self._general()
-        size = self.layout.table_size(self._packed)
+        size = self.packing.table_size(self._packed)
         if size > len(out):
             raise Grow(size)
-        self.layout.table_array(self._packed, out=out[:size])
+        self.packing.table_array(self._packed, out=out[:size])
         self.done()
         return size
 
@@ -141,11 +141,11 @@ class DirectStep:
         if walk.irregular.any():
             raise NotDirect()
         at = {k: u for u, k in enumerate(self.unique.tolist())}
-        rows = out[: self.rows_bytes].view(np.int64).reshape(len(self.places), self.layout.header_slots)
+        rows = out[: self.rows_bytes].view(np.int64).reshape(len(self.places), self.packing.header_columns)
         fields = self._fields(out, walk, len(self.unique))
         which = np.array([at[k] for k in self.places])
-        rows[:, INDEX_SLOT] = self.epoch.index[self.unique][which]
-        rows[:, VALID_SLOT] = np.where(self.valid, STATUS_VALID, STATUS_PADDING)
+        rows[:, INDEX_COLUMN] = self.epoch.index[self.unique][which]
+        rows[:, VALID_COLUMN] = np.where(self.valid, STATUS_VALID, STATUS_PADDING)
         for slot, values in fields:
             rows[:, slot] = values[which]
         self.good.remember(int(self.unique[-1]))
@@ -169,23 +169,23 @@ class DirectStep:
 
     def _fields(self, out: np.ndarray, walk: Any, count: int) -> List[Tuple[int, np.ndarray]]:
         """(header slot, value per unique sample) of every field the rows carry."""
-        found = _members_by_extension(walk, count, sorted(self.layout.extensions))
+        found = _members_by_extension(walk, count, sorted(self.packing.extensions))
         values: List[Tuple[int, np.ndarray]] = []
         key_at, key_len = _keys(walk, count)
         self._check_keys(out, key_at, key_len)
-        for spec in self.layout.fields:
+        for spec in self.packing.fields:
             if spec.kind == FieldKind.KEY:
-                values += [(spec.slot, key_at), (spec.slot + 1, key_len)]
+                values += [(spec.column, key_at), (spec.column + 1, key_len)]
                 continue
             if spec.kind not in (FieldKind.BYTES, FieldKind.INT):
                 continue
             data, size = _first_present(found, spec.extensions, count)
             if spec.kind == FieldKind.INT:
-                values.append((spec.slot, np.array([_int(out, d, z) for d, z in zip(data, size)], dtype=np.int64)))
+                values.append((spec.column, np.array([_int(out, d, z) for d, z in zip(data, size)], dtype=np.int64)))
                 continue
             if any(e in IMAGE_EXTENSIONS for e in spec.extensions):
                 self._check_images(out, data, size)
-            values += [(spec.slot, data), (spec.slot + 1, size)]
+            values += [(spec.column, data), (spec.column + 1, size)]
         return values
 
     def _check_keys(self, out: np.ndarray, key_at: np.ndarray, key_len: np.ndarray) -> None:
@@ -199,7 +199,7 @@ class DirectStep:
                 raise NotDirect()
 
     def _check_images(self, out: np.ndarray, data: np.ndarray, size: np.ndarray) -> None:
-        if not images_ok(out, data, size, self.layout.image_check).all():
+        if not images_ok(out, data, size, self.packing.image_check).all():
             raise NotDirect()
 
     # -- the general way ---------------------------------------------------------------------

@@ -18,9 +18,9 @@ from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.resume import Plan, epoch_plan
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.control import NO_SLOT
-from dali_shards.worker.direct import DirectBatches, direct_layout
-from dali_shards.worker.layout import Packed
+from dali_shards.shm.control import NO_STAMPS
+from dali_shards.worker.direct import DirectBatches, direct_fits
+from dali_shards.shm.packing import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.reader import Item, ShardReader, Skipped
 
@@ -41,14 +41,14 @@ class WorkerSource:
     When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
 
-    def __init__(self, config: WorkerConfig, slot=NO_SLOT, direct: bool = False):
+    def __init__(self, config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False):
         assert isinstance(config.spec, PlanSpec)  # the planned mode (streaming: worker/streaming.py)
         if len(config.urls) != len(config.spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
         self.config = config
         self.worker = config.worker
-        self.slot = slot
-        self.direct = direct and direct_layout(config)
+        self.stamps = stamps
+        self.direct = direct and direct_fits(config)
         self.ahead: Optional[Ahead] = None
 
     def epoch(self, epoch: int) -> Iterator[Any]:
@@ -64,7 +64,7 @@ class WorkerSource:
 
     def reader(self, plan: Plan) -> ShardReader:
         """A reader of this worker's shards for ``plan``'s epoch, stamping its progress."""
-        return ShardReader(self.config, self.slot.progress, plan.epoch)
+        return ShardReader(self.config, self.stamps.progress, plan.epoch)
 
     def plan_for(self, epoch: int) -> Plan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
@@ -79,7 +79,7 @@ class WorkerSource:
             return None
         return ahead
 
-    def read_ahead(self, epoch: int, current: Interleaved) -> None:
+    def start_next_epoch(self, epoch: int, current: Interleaved) -> None:
         """Start reading ``epoch`` while ``current`` (the epoch before) goes on (see the class)."""
         v = self.config.virtual_worker
         try:
@@ -99,7 +99,7 @@ class WorkerSource:
         """The interleaved reading of the samples in ``emissions`` (this worker's slots of ``plan``)."""
         needed = {pos for pos, _ in emissions}
         order = [pos for pos in plan.worker_read_order(self.config.virtual_worker).tolist() if pos in needed]
-        reader = ShardReader(self.config, self.slot.progress, plan.epoch)
+        reader = ShardReader(self.config, self.stamps.progress, plan.epoch)
         return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
 
 
@@ -128,15 +128,15 @@ class EpochBatches:
             self._start()
         if self._step >= self._ends_at():
             self._close()
-            src.slot.end(self.epoch, self._step, produced=False)
+            src.stamps.end(self.epoch, self._step, produced=False)
             raise StopIteration
-        src.slot.begin(self.epoch, self._step)
+        src.stamps.begin(self.epoch, self._step)
         batch = self._batch()
         self._step += 1
-        src.slot.end(self.epoch, self._step)
+        src.stamps.end(self.epoch, self._step)
         if self._ahead_of is not None and self._ahead_of.fetcher is not None and self._ahead_of.fetcher.fetched_all:
             current, self._ahead_of = self._ahead_of, None
-            src.read_ahead(self.epoch + 1, current)
+            src.start_next_epoch(self.epoch + 1, current)
         return batch
 
     def _start(self) -> None:
@@ -157,7 +157,7 @@ class EpochBatches:
             self._samples = read_interleaved(reading)
             return
         needed = {pos for pos, _ in emissions}
-        reader = ShardReader(src.config, src.slot.progress, plan.epoch)
+        reader = ShardReader(src.config, src.stamps.progress, plan.epoch)
         reads = plan.reads_of(v, needed) if needed else []
         if reads and all(positioned(src.config, seg.shard) for seg in reads):  # each sample by one read of its span
             self._reading = Interleaved(plan, sorted(needed), needed.__contains__, reader)
@@ -192,7 +192,7 @@ class EpochBatches:
 
     def _ends_at(self) -> int:
         """The step this epoch ends at: its last, or where the main process cut it short."""
-        cut = self.source.slot.cut_step(self.epoch)
+        cut = self.source.stamps.cut_step(self.epoch)
         return self._steps if cut is None else min(cut, self._steps)
 
     def _batch(self) -> List[Packed]:

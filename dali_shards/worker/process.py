@@ -23,14 +23,14 @@ from typing import List, Optional, Tuple
 
 from dali_shards.errors import WorkerError
 from dali_shards.pids import pid_alive
-from dali_shards.worker.control import NO_SLOT, WorkerSlot
+from dali_shards.shm.control import NO_STAMPS, WorkerStamps
 
 HEARTBEAT_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 _forked_by_main_thread = False  # set in the parent just before each fork; a forked child inherits it
 _entered: Optional[int] = None
-_slots: List[WorkerSlot] = []
+_attached: List[WorkerStamps] = []
 
 
 def _note_forking_thread() -> None:
@@ -57,7 +57,7 @@ class ProcessEpochs:
     worker: int
     owner_pid: Optional[int] = None
     control: Optional[str] = None
-    slot = NO_SLOT
+    stamps = NO_STAMPS
     _process_state: Tuple[str, ...] = ()
 
     def init_process(self, control: Optional[str]) -> None:
@@ -72,10 +72,10 @@ class ProcessEpochs:
             self._pid, self._epoch = pid, self.start_epoch
             for name in self._process_state:
                 setattr(self, name, None)
-            self.slot = NO_SLOT
+            self.stamps = NO_STAMPS
             if pid != (self.owner_pid or _MAIN_PID):
                 entered_process(self.owner_pid)
-                self.slot = attach_slot(self.control, self.worker)
+                self.stamps = attach_stamps(self.control, self.worker)
         else:
             self._epoch += 1
         return self._epoch
@@ -83,25 +83,25 @@ class ProcessEpochs:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_pid"] = None
-        state.pop("slot", None)
+        state.pop("stamps", None)
         for name in self._process_state:
             state[name] = None
         return state
 
 
-def attach_slot(path: Optional[str], worker: int):
-    """This worker's slot in the control block at ``path`` (a stand-in without one)."""
+def attach_stamps(path: Optional[str], worker: int):
+    """This worker's stamps in the control block at ``path`` (a stand-in without one)."""
     if path is None:
-        return NO_SLOT
+        return NO_STAMPS
     try:
-        slot = WorkerSlot(path, worker)
+        stamps = WorkerStamps(path, worker)
     except (OSError, ValueError) as exc:
         raise WorkerError(
             f"dali_shards worker {worker} cannot open its pipeline's control block {path} ({exc}); the pipeline "
             "was probably deleted while its workers started"
         ) from exc
-    _slots.append(slot)
-    return slot
+    _attached.append(stamps)
+    return stamps
 
 
 def entered_pid() -> Optional[int]:
@@ -168,14 +168,14 @@ def _set_parent_death_signal() -> None:
 def _heartbeat(owner_pid: int) -> None:
     while True:
         if os.getppid() != owner_pid:
-            for slot in _slots:
+            for stamps in _attached:
                 try:
-                    os.unlink(slot.path)  # the dead parent cannot remove its control block
+                    os.unlink(stamps.path)  # the dead parent cannot remove its control block (a file)
                 except OSError:
                     pass
             os._exit(1)
-        for slot in _slots:
-            slot.beat()
+        for stamps in _attached:
+            stamps.beat()
         time.sleep(HEARTBEAT_S)
 
 

@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tupl
 
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.positioned import sample_in_span
-from dali_shards.io.spanparse import fast_sample
+from dali_shards.tar.spans import fast_sample
 from dali_shards.io.storage import READ_ERRORS, read_ahead, read_attempts
-from dali_shards.io.tarformat import TarReader
-from dali_shards.io.tarheader import printable
-from dali_shards.io.tarscan import key_fingerprint
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.header import printable
+from dali_shards.tar.scan import key_fingerprint
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.layout import Packed
+from dali_shards.shm.packing import Packed
 
 log = logging.getLogger("dali_shards")
 _CHANGED_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
@@ -121,11 +121,11 @@ class ShardReader:
         """The shard's sample at ``position`` from the bytes of its ``span``, packed as
         ``__index__`` ``index``; under ``on_error="skip"`` a ``Skipped`` if it is bad."""
         self.progress()
-        layout, url = self.config.layout, self.config.urls[shard]
+        packing, url = self.config.packing, self.config.urls[shard]
         try:
-            sample = fast_sample(data, url, position, layout.extensions) if len(data) == span[1] - span[0] else None
+            sample = fast_sample(data, url, position, packing.extensions) if len(data) == span[1] - span[0] else None
             if sample is None:  # anything out of the ordinary: the general reader accepts or names it
-                sample = sample_in_span(data, url, span, position, layout.extensions, layout.destination)
+                sample = sample_in_span(data, url, span, position, packing.extensions, packing.destination)
         except ShardFormatError as exc:
             if not self.config.skips:
                 raise
@@ -159,9 +159,9 @@ class ShardReader:
         )
 
     def _read(self, shard, stream, index, start, stop, select):
-        layout, url = self.config.layout, self.config.urls[shard]
+        packing, url = self.config.packing, self.config.urls[shard]
         reader = TarReader(stream, url)
-        for sample in reader.samples(layout.extensions, start=start, stop=stop, into=layout.destination, select=select):
+        for sample in reader.samples(packing.extensions, start=start, stop=stop, into=packing.destination, select=select):
             self.progress()
             yield sample.position, self._pack(sample, url, index(sample.position), shard)
         if stop is not None and reader.samples_seen < stop:

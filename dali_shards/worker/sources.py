@@ -7,8 +7,8 @@ from typing import Iterator, List, Protocol, Union
 
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.control import NO_SLOT
-from dali_shards.worker.layout import Packed
+from dali_shards.shm.control import NO_STAMPS
+from dali_shards.shm.packing import Packed
 from dali_shards.worker.planned import WorkerSource
 from dali_shards.worker.streaming import StreamingWorkerSource
 
@@ -19,9 +19,9 @@ class EpochSource(Protocol):
     def epoch(self, epoch: int) -> Iterator[List[Packed]]: ...
 
 
-def make_source(config: WorkerConfig, slot=NO_SLOT, direct: bool = False) -> Union[WorkerSource, StreamingWorkerSource]:
+def make_source(config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False) -> Union[WorkerSource, StreamingWorkerSource]:
     """The source of local worker ``config.worker``: planned or streaming, as its spec says;
     ``direct``: its steps may be table writers that read straight into the ring's slots."""
     if isinstance(config.spec, StreamingSpec):
-        return StreamingWorkerSource(config, slot)
-    return WorkerSource(config, slot, direct=direct)
+        return StreamingWorkerSource(config, stamps)
+    return WorkerSource(config, stamps, direct=direct)

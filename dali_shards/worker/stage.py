@@ -1,6 +1,6 @@
 """The Python stage of a worker: what becomes of a sample between its members and its batch slot.
 
-Without a ``map`` the layout packs the members as they are (integers parsed, ``.npy`` loaded).
+Without a ``map`` the packing packs the members as they are (integers parsed, ``.npy`` loaded).
 With one, the requested fields are decoded (``worker/decoders.py``, or the user's ``decoders``)
 into a dict, with ``"__key__"``; the map's dict of outputs is checked against the types the first
 sample fixed (``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is
@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from dali_shards.errors import ConfigError, ShardError, ShardFormatError, ShardMapError
-from dali_shards.io.tarformat import RawSample
+from dali_shards.tar.format import RawSample
 from dali_shards.worker.decoders import builtin_decoder
-from dali_shards.worker.layout import KEY, INDEX, VALID, Packed, SampleLayout
+from dali_shards.shm.packing import KEY, INDEX, VALID, Packed, Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
 from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
 from dali_shards.fields import FieldKind
@@ -28,18 +28,18 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class SampleStage:
-    """Decoding, ``map`` and ``bucket_by`` for ``layout`` (see the module). ``decoders`` maps a
+    """Decoding, ``map`` and ``bucket_by`` for ``packing`` (see the module). ``decoders`` maps a
     field's name to its decoder (a ``Portable``, or None for its bytes)."""
 
     def __init__(
         self,
-        layout: SampleLayout,
+        packing: Packing,
         mapper: Optional[Portable] = None,
         decoders: Optional[Mapping[str, Optional[Portable]]] = None,
         bucket_by: Optional[Portable] = None,
         seed: int = 0,
     ):
-        self.layout = layout
+        self.packing = packing
         self.mapper = mapper
         self.decoders = dict(decoders or {})
         self.bucket_by = bucket_by
@@ -55,11 +55,11 @@ class SampleStage:
         if sample.error:
             raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
         out: Dict[str, Any] = {KEY: sample.key}
-        for name, kind, exts in self.layout.input_fields:
+        for name, kind, exts in self.packing.input_fields:
             if kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID):
                 out[name] = {FieldKind.KEY: sample.key, FieldKind.INDEX: index, FieldKind.VALID: True}[kind]
                 continue
-            data = self.layout.member(sample, name, exts)
+            data = self.packing.member(sample, name, exts)
             ext = exts[0] if len(exts) == 1 else next(e for e in exts if sample.data.get(e) is not None)
             if type(data) is bytes and name not in self.decoders and builtin_decoder(ext, self.mapper is not None) is None:
                 out[name] = data  # bytes stay bytes: the common case, kept cheap
@@ -101,13 +101,13 @@ class SampleStage:
                 code.load()
             seed_user_rngs(self.seed, epoch, index)
         if not self.mapped:
-            packed = self.layout.pack(sample, index)
+            packed = self.packing.pack(sample, index)
             if self.bucket_by is not None:
                 packed.length = self._length(sample, self.inputs(sample, index))
             return packed
         inputs = self.inputs(sample, index)
         result = self.run_map(sample, inputs)
-        packed = self.layout.pack_values(self.outputs(sample, result), index, sample.key)
+        packed = self.packing.pack_values(self.outputs(sample, result), index, sample.key)
         if self.bucket_by is not None:
             packed.length = self._length(sample, result)
         return packed
@@ -126,7 +126,7 @@ class SampleStage:
     def outputs(
         self, sample: RawSample, result: Any, specs: Optional[Sequence[OutputSpec]] = None, check_types: bool = True
     ) -> Dict[str, Any]:
-        """The map's ``result``, each output (of ``specs``, by default the layout's) as it
+        """The map's ``result``, each output (of ``specs``, by default the packing's) as it
         travels; a ``ShardMapError`` naming the output that is missing or of another type than
         the first sample's."""
         if not isinstance(result, Mapping):
@@ -135,8 +135,8 @@ class SampleStage:
                 hint="return a dict whose keys are the pipeline function's parameters",
             )  # fmt: skip
         if specs is None:
-            specs = self.layout.outputs
-            assert specs is not None  # a map's layout lists its outputs
+            specs = self.packing.outputs
+            assert specs is not None  # a map's packing lists its outputs
         values: Dict[str, Any] = {}
         for spec in specs:
             if spec.name in (KEY, INDEX, VALID):

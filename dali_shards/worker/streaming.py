@@ -10,8 +10,8 @@ from dali_shards.errors import ShardFormatError
 from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
 from dali_shards.plan.streaming import StreamingSpec, stream_index
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.control import NO_SLOT
-from dali_shards.worker.layout import Packed
+from dali_shards.shm.control import NO_STAMPS
+from dali_shards.shm.packing import Packed
 from dali_shards.worker.reader import ShardFailed, ShardReader, Skipped
 
 
@@ -23,11 +23,11 @@ class StreamingWorkerSource:
     (a fresh start or a resume) begins the stream at cycle ``e``.
     """
 
-    def __init__(self, config: WorkerConfig, slot=NO_SLOT):
+    def __init__(self, config: WorkerConfig, stamps=NO_STAMPS):
         self.config = config
         self.worker = config.worker
         self.start_epoch = config.start_epoch
-        self.slot = slot
+        self.stamps = stamps
         self._stream: Optional[Iterator[Packed]] = None  # the endless stream
         self._cycle_samples: Optional[int] = None  # samples in one pass over the worker's shards
 
@@ -40,20 +40,20 @@ class StreamingWorkerSource:
 
     def _batches(self, epoch: int, steps: int) -> Iterator[List[Packed]]:
         """``steps`` mini-batches, or fewer if the main process cuts the epoch short."""
-        spec, slot = self.config.spec, self.slot
+        spec, stamps = self.config.spec, self.stamps
         step = 0
         while step < steps:
-            cut = slot.cut_step(epoch)
+            cut = stamps.cut_step(epoch)
             if cut is not None and step >= cut:
                 break
-            slot.begin(epoch, step)
+            stamps.begin(epoch, step)
             if self._stream is None:
                 self._stream = self._shuffled(self._samples(self.start_epoch))
             samples = [next(self._stream) for _ in range(spec.mini_batch)]
             step += 1
-            slot.end(epoch, step)
+            stamps.end(epoch, step)
             yield samples
-        slot.end(epoch, step, produced=False)
+        stamps.end(epoch, step, produced=False)
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:
         cfg = self.config
@@ -76,7 +76,7 @@ class StreamingWorkerSource:
         """The endless stream of this worker's samples, cycle after cycle."""
         cfg = self.config
         assert isinstance(cfg.spec, StreamingSpec)  # the streaming mode
-        reader = ShardReader(cfg, self.slot.progress)
+        reader = ShardReader(cfg, self.stamps.progress)
         cycle = first_cycle
         while True:
             order = cfg.spec.cycle_order(cfg.virtual_worker, cycle)

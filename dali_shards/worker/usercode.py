@@ -9,7 +9,7 @@ forked worker uses the callable it inherited; an unpickled copy loads it once pe
 
 Before user code runs on a sample, :func:`seed_user_rngs` seeds Python's ``random``, NumPy's
 global RNG and torch's CPU generator from ``(seed, epoch, sample index)``: random augmentations
-are then the same under any layout, after a resume, and in the main process when it needs a
+are then the same under any packing, after a resume, and in the main process when it needs a
 sample's length (bucketing), and differ from epoch to epoch.
 """
 

@@ -19,7 +19,7 @@ from dali_shards.io.cache import ShardCache
 from dali_shards.options import StorageOptions
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.io.storage import open_shard, read_ahead
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.testing.servers import HTTPShardServer
 
 pytest.importorskip("aiohttp")

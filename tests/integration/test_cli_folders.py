@@ -7,7 +7,7 @@ import logging
 from dali_shards.catalog.manifest import read_manifest
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.cli import main
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.sample_data import sample_images, write_sample_shards
 
 

@@ -76,8 +76,8 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
 
     def samples(source, epoch):
         """One epoch of a worker source, every sample's table bytes (padding included)."""
-        layout = source.config.layout
-        return [bytes(layout.table_array(batch)) for batch in source.epoch(epoch)]
+        packing = source.config.packing
+        return [bytes(packing.table_array(batch)) for batch in source.epoch(epoch)]
 
     with HTTPShardServer(str(shard_dir)) as http:
         options = ShardedOptions.from_keywords(source=f"{http.url}/{PATTERN}", fields=("__index__", "jpg"),

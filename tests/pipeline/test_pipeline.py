@@ -13,7 +13,7 @@ from PIL import Image
 
 from dali_shards.testing.pipelines import run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
-from dali_shards.world import gpu_available
+from dali_shards.device import gpu_available
 from dali_shards.sample_data import sample_images
 
 
@@ -130,7 +130,7 @@ def test_labels_keys_and_images_match(photo_shards, workers, transfer):
     checked = 0
     for rank in range(2):
         p = pipe(rank=rank)
-        assert pipeline_info(p).layout.table == (workers > 1 or transfer == "ring")
+        assert pipeline_info(p).packing.table == (workers > 1 or transfer == "ring")
         (steps,) = run_epochs(p, 1)
         for jpg, image, cls, key, index, valid in steps:
             for j, img, c, k, i, v in zip(jpg, image, cls, key, index, valid):

@@ -8,8 +8,8 @@ import pytest
 import webdataset as wds
 
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader
-from dali_shards.io.tarscan import count_samples
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.scan import count_samples
 from dali_shards.testing.tars import AWKWARD, make_tar
 
 

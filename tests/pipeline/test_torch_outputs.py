@@ -121,7 +121,7 @@ def test_each_output_has_one_type_in_every_batch():
     samples differ is one clear error (it used to turn into a list mid-epoch)."""
     from nvidia.dali.tensors import TensorListCPU
 
-    from dali_shards.torch_outputs import BatchOutputs
+    from dali_shards.pytorch.outputs import BatchOutputs
 
     dense = TensorListCPU(np.zeros((2, 1, 4), np.float32))
     ragged = TensorListCPU([np.zeros((1, 4), np.float32), np.zeros((2, 4), np.float32)])

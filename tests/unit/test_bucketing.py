@@ -11,7 +11,7 @@ from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.tools.writer import write_shard
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.layout import SampleLayout, table_slot
+from dali_shards.shm.packing import Packing, table_place
 from dali_shards.transfer.merge.source import MergeSource
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
@@ -66,18 +66,18 @@ def lengths_of(plan, positions):
 
 def emitted(spec, paths, v, resume_plan=None):
     """Per step, the (index, valid) of the samples worker ``v`` emits (epoch 0)."""
-    layout = SampleLayout(("txt", "__index__"), table=spec.py_num_workers > 1, payload="txt" if spec.py_num_workers > 1 else None)
-    stage = SampleStage(layout, bucket_by=Portable(lambda s: len(s["txt"]), "bucket_by"))
+    packing = Packing(("txt", "__index__"), table=spec.py_num_workers > 1, payload="txt" if spec.py_num_workers > 1 else None)
+    stage = SampleStage(packing, bucket_by=Portable(lambda s: len(s["txt"]), "bucket_by"))
     rank, worker = divmod(v, spec.py_num_workers)
-    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), layout=layout, stage=stage, rank=rank, worker=worker,
+    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), packing=packing, stage=stage, rank=rank, worker=worker,
                           resume_plan=resume_plan)  # fmt: skip
     m, steps = spec.mini_batch, []
     for batch in iter(MergeSource(config)):
-        if layout.table:
-            table = batch[table_slot(worker, spec.py_num_workers, m)]
-            rows = table[: m * layout.header_bytes].view(np.int64).reshape(m, -1)
+        if packing.table:
+            table = batch[table_place(worker, spec.py_num_workers, m)]
+            rows = table[: m * packing.header_bytes].view(np.int64).reshape(m, -1)
         else:
-            rows = [batch[worker * m + i][: layout.header_bytes].view(np.int64) for i in range(m)]
+            rows = [batch[worker * m + i][: packing.header_bytes].view(np.int64) for i in range(m)]
         steps.append([(int(r[0]), bool(r[1] == 1)) for r in rows])
     return steps
 

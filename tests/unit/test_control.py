@@ -12,14 +12,14 @@ import time
 import pytest
 
 from dali_shards import ConfigError
-from dali_shards.worker.control import ControlBlock, WorkerSlot, WorkerStatus, remove_stale
+from dali_shards.shm.control import ControlBlock, WorkerStamps, WorkerStatus, remove_stale
 from dali_shards.supervise import stuck_worker
 
 
 def test_workers_stamp_and_the_main_process_reads(tmp_path):
     block = ControlBlock.create(2, directory=str(tmp_path))
     try:
-        slot = WorkerSlot(block.path, 1)
+        slot = WorkerStamps(block.path, 1)
         slot.progress(shard=3)
         slot.begin(epoch=4, step=7)
         busy = block.snapshot()[1]
@@ -107,8 +107,8 @@ def test_parent_death_signal_only_for_workers_forked_by_the_main_thread():
 
 ORPHAN = """
 import os, threading, time
-from dali_shards.worker.control import ControlBlock
-from dali_shards.worker.process import attach_slot, entered_process
+from dali_shards.shm.control import ControlBlock
+from dali_shards.worker.process import attach_stamps, entered_process
 
 block = ControlBlock.create(1)
 owner = os.getpid()
@@ -116,7 +116,7 @@ owner = os.getpid()
 def work():  # forked by a thread: no parent-death signal, only the heartbeat
     if os.fork() == 0:
         entered_process(owner)
-        attach_slot(block.path, 0)
+        attach_stamps(block.path, 0)
         print(os.getpid(), block.path, flush=True)
         time.sleep(60)
         os._exit(0)

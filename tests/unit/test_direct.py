@@ -14,7 +14,7 @@ import pytest
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import write_manifest
 from dali_shards.errors import ShardFormatError
-from dali_shards.io.tarblocks import walk_members
+from dali_shards.tar.blocks import walk_members
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
 from dali_shards.sample_data import sample_images
@@ -23,7 +23,7 @@ from dali_shards.transfer.ring.consumer import MiniBatch
 from dali_shards.worker import direct
 from dali_shards.worker.direct import DirectBatches, DirectStep
 from dali_shards.worker.sources import make_source
-from dali_shards.worker.tables import as_table
+from dali_shards.shm.tables import as_table
 
 PHOTOS = [open(p.path, "rb").read() for p in sample_images()]
 FIELDS = ("jpg;png", "cls", "__key__", "__index__", "__valid__")
@@ -72,14 +72,14 @@ def steps(config, epoch, fast):
     assert isinstance(batches, DirectBatches) == fast
     out, buf = [], np.zeros(64 << 20, dtype=np.uint8)
     for batch in batches:
-        table = as_table(config.layout, batch)
+        table = as_table(config.packing, batch)
         used = table.write(buf)
         if isinstance(table, DirectStep) and table._packed is not None:
             FALLBACKS.append(table)
-        rows = buf[: len(table) * config.layout.header_bytes].view(np.int64).reshape(len(table), -1).copy()
+        rows = buf[: len(table) * config.packing.header_bytes].view(np.int64).reshape(len(table), -1).copy()
         mini = MiniBatch(epoch, 0, 0, rows, buf[:used].copy())
         out.append([[bytes(np.asarray(x)) for x in f] if isinstance(f, list) else np.asarray(f).tolist()
-                    for f in assemble(config.layout, [mini])])  # fmt: skip
+                    for f in assemble(config.packing, [mini])])  # fmt: skip
     return out
 
 

@@ -14,20 +14,20 @@ from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.layout import STATUS_SKIPPED, SampleLayout, table_slot
+from dali_shards.shm.packing import STATUS_SKIPPED, Packing, table_place
 from dali_shards.transfer.merge.source import MergeSource
 
 SIZES = (3, 5, 0, 4, 6, 2, 7, 1, 4, 5, 3, 8)
-LAYOUT = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
+PACKING = Packing(("jpg", "cls", "__index__"), table=True, payload="jpg")
 
 
 def rows(spec, paths, rank, worker, **kw):
     """(index, status, cls) of every slot worker ``worker`` of ``rank`` fills, epoch 0."""
-    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), layout=LAYOUT, rank=rank, worker=worker, **kw)
+    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), packing=PACKING, rank=rank, worker=worker, **kw)
     out, m = [], spec.mini_batch
     for batch in iter(MergeSource(config)):
-        table = batch[table_slot(worker, spec.py_num_workers, m)]
-        header = table[: m * LAYOUT.header_bytes].view(np.int64).reshape(m, -1)
+        table = batch[table_place(worker, spec.py_num_workers, m)]
+        header = table[: m * PACKING.header_bytes].view(np.int64).reshape(m, -1)
         out += [(int(r[0]), int(r[1]), int(r[2])) for r in header]
     return out
 

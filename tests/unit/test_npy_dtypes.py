@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.io.tarformat import RawSample
+from dali_shards.tar.format import RawSample
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
 from dali_shards.tools.writer import write_shard
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import DALI_DTYPES
 
 
@@ -53,9 +53,9 @@ def check(error, key, url="shard-0.tar"):
 
 @pytest.mark.parametrize("array", list(UNCARRIED.values()), ids=list(UNCARRIED))
 def test_a_worker_names_an_npy_field_dali_cannot_carry(array):
-    layout = SampleLayout(("npy", "cls"), table=True, arrays={"npy": ("float32", array.ndim)})
+    packing = Packing(("npy", "cls"), table=True, arrays={"npy": ("float32", array.ndim)})
     with pytest.raises(ShardFormatError, match="cannot carry") as err:
-        layout.pack(sample(key="odd", npy=npy(array), cls=b"1"), 0)
+        packing.pack(sample(key="odd", npy=npy(array), cls=b"1"), 0)
     check(err.value, "odd")
     assert str(array.dtype) in str(err.value)
 
@@ -88,9 +88,9 @@ def test_the_first_sample_fixing_an_npy_field_dali_cannot_carry_is_named(tmp_pat
         check(err.value, "000000", "a-0.tar")
     # on_error="skip": the next sample fixes the type; the workers skip the first (see test_a_worker_names...)
     config = resolve(ShardedOptions.from_keywords(on_error="skip", **kw)).workers[0]
-    assert config.layout.arrays == {"npy": ("float32", 1)}
+    assert config.packing.arrays == {"npy": ("float32", 1)}
 
 
 def test_a_layout_refuses_an_array_type_dali_cannot_carry():
     with pytest.raises(ConfigError, match="complex64"):
-        SampleLayout(("npy",), arrays={"npy": ("complex64", 1)})
+        Packing(("npy",), arrays={"npy": ("complex64", 1)})

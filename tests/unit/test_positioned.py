@@ -10,8 +10,8 @@ import pytest
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.io.positioned import LocalFiles, sample_in_span
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader
-from dali_shards.io.tarscan import scan_tar
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.scan import scan_tar
 from dali_shards.sample_data import write_sample_shards
 
 

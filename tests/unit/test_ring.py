@@ -12,20 +12,20 @@ from dali_shards.errors import ShardFormatError
 from dali_shards.transfer.ring.assemble import assemble, output_types
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, RingConsumer, WorkerGone
 from dali_shards.transfer.ring.producer import MIN_SLOT, RingProducer
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import OutputSpec
 
-LAYOUT = SampleLayout(("bin", "cls", "__key__", "__index__", "__valid__"), table=True)
+PACKING = Packing(("bin", "cls", "__key__", "__index__", "__valid__"), table=True)
 
 
 def packed(index, size):
     """A sample of ``size`` bytes whose every byte is ``index % 251``."""
-    return LAYOUT.pack_values({"bin": np.full(size, index % 251, np.uint8), "cls": index * 10}, index, f"k{index}")
+    return PACKING.pack_values({"bin": np.full(size, index % 251, np.uint8), "cls": index * 10}, index, f"k{index}")
 
 
 def produce(conn, sizes, depth, fail_at=None):
     """A worker: one mini-batch of two samples per size, epoch 0, then its end (or an error)."""
-    producer = RingProducer(conn, depth, LAYOUT, first_slot_bytes=1)
+    producer = RingProducer(conn, depth, PACKING, first_slot_bytes=1)
     for step, size in enumerate(sizes):
         if step == fail_at:
             producer.fail(ShardFormatError("s.tar", "bad sample", key=f"k{step}", hint="fix it"))
@@ -42,7 +42,7 @@ def start(sizes, depth=2, fail_at=None, method="fork"):
     proc = ctx.Process(target=produce, args=(there, sizes, depth, fail_at))
     proc.start()
     there.close()
-    return RingConsumer(here, proc, depth, LAYOUT.header_slots), proc
+    return RingConsumer(here, proc, depth, PACKING.header_columns), proc
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -57,7 +57,7 @@ def test_mini_batches_arrive_whole_through_slots_that_grow(method):
             assert isinstance(got, MiniBatch) and (got.epoch, got.step) == (0, step)
             for row, index in zip(got.rows, (2 * step, 2 * step + 1)):
                 assert row[0] == index and row[1] == 1
-                off, n = int(row[LAYOUT.fields[0].slot]), int(row[LAYOUT.fields[0].slot + 1])
+                off, n = int(row[PACKING.fields[0].column]), int(row[PACKING.fields[0].column + 1])
                 assert n == size and (got.table[off : off + n] == index % 251).all()
             consumer.release(got.slot)
         assert consumer.next() == EpochEnd(0, len(sizes))
@@ -108,24 +108,24 @@ def test_fields_are_assembled_in_plan_order():
     for w in range(3):
         samples = [packed(10 * w + k, k + 1) for k in range(2)]
         samples[1] = samples[1].as_padding()
-        table = LAYOUT.table_array(samples)
-        rows = table[: 2 * LAYOUT.header_bytes].view(np.int64).reshape(2, -1)
+        table = PACKING.table_array(samples)
+        rows = table[: 2 * PACKING.header_bytes].view(np.int64).reshape(2, -1)
         minis.append(MiniBatch(0, 0, 0, rows, table))
-    data, cls, key, index, valid, status = assemble(LAYOUT, minis)
+    data, cls, key, index, valid, status = assemble(PACKING, minis)
     assert index.tolist() == [0, 1, 10, 11, 20, 21] and cls.tolist() == [0, 10, 100, 110, 200, 210]
     assert valid.tolist() == [True, False] * 3 and status[:, 1].tolist() == [1, 0] * 3
     assert [len(d) for d in data] == [1, 2] * 3 and bytes(key[2]) == b"k10"
     assert all(d.base is not None for d in data), "views of the slots, not copies"
-    assert [t.dtype for t in output_types(LAYOUT)] == ["uint8", "int64", "uint8", "int64", "bool", "int64"]
+    assert [t.dtype for t in output_types(PACKING)] == ["uint8", "int64", "uint8", "int64", "bool", "int64"]
 
 
 def test_array_outputs_keep_their_dtype_and_shape():
     specs = [OutputSpec("grid", "array", "float32", 2), OutputSpec("n", "int", "int64", 0)]
-    layout = SampleLayout(("jpg",), table=True, outputs=specs)
-    samples = [layout.pack_values({"grid": np.full((k + 1, 3), k, np.float32), "n": k}, k, "x") for k in range(3)]
-    table = layout.table_array(samples)
-    rows = table[: 3 * layout.header_bytes].view(np.int64).reshape(3, -1)
-    grid, n, _ = assemble(layout, [MiniBatch(0, 0, 0, rows, table)])
+    packing = Packing(("jpg",), table=True, outputs=specs)
+    samples = [packing.pack_values({"grid": np.full((k + 1, 3), k, np.float32), "n": k}, k, "x") for k in range(3)]
+    table = packing.table_array(samples)
+    rows = table[: 3 * packing.header_bytes].view(np.int64).reshape(3, -1)
+    grid, n, _ = assemble(packing, [MiniBatch(0, 0, 0, rows, table)])
     assert [g.shape for g in grid] == [(1, 3), (2, 3), (3, 3)] and grid[2].dtype == np.float32
     assert (grid[2] == 2).all() and n.tolist() == [0, 1, 2]
 
@@ -137,15 +137,15 @@ def test_equal_size_fields_are_gathered_into_one_dense_array(n, shape):
     (small ones by one gather, larger by a copy per sample, above DENSE_BYTES as views)."""
     dims = len(shape) + 1
     specs = [OutputSpec("raw", "bytes"), OutputSpec("a", "array", "float32", dims)]
-    layout = SampleLayout(("x",), table=True, outputs=specs)
+    packing = Packing(("x",), table=True, outputs=specs)
     minis = []
     for w in range(2):
-        samples = [layout.pack_values({"raw": bytes([w * 3 + k]) * n,
+        samples = [packing.pack_values({"raw": bytes([w * 3 + k]) * n,
                                        "a": np.full((max(1, n // 400), *shape), w * 3 + k, np.float32)}, w * 3 + k, "k")
                    for k in range(3)]  # fmt: skip
-        table = layout.table_array(samples)
-        minis.append(MiniBatch(0, 0, 0, table[: 3 * layout.header_bytes].view(np.int64).reshape(3, -1), table))
-    raw, arrays, _ = assemble(layout, minis)
+        table = packing.table_array(samples)
+        minis.append(MiniBatch(0, 0, 0, table[: 3 * packing.header_bytes].view(np.int64).reshape(3, -1), table))
+    raw, arrays, _ = assemble(packing, minis)
     values = [int(i) for i in range(6)]
     if n <= 8 << 10:
         assert isinstance(raw, np.ndarray) and raw.shape == (6, n)

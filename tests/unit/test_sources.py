@@ -46,7 +46,7 @@ def test_planning_and_reading_need_no_dali():
     code = (
         "import sys, dali_shards\n"
         "from dali_shards import plan_epoch, resolve_source, ShardWriter\n"
-        "import dali_shards.worker.planned, dali_shards.io.tarformat\n"
+        "import dali_shards.worker.planned, dali_shards.tar.format\n"
         "plan_epoch([3, 4], epoch=0, world_size=2, py_num_workers=1, batch_size=1)\n"
         "assert not any(m.startswith('nvidia.dali') for m in sys.modules), 'DALI imported'\n"
         "assert callable(dali_shards.sharded_pipeline) and 'nvidia.dali' in sys.modules\n"

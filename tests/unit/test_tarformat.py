@@ -5,8 +5,8 @@ import pytest
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import open_shard
-from dali_shards.io.tarformat import TarReader, split_key
-from dali_shards.io.tarscan import count_samples
+from dali_shards.tar.format import TarReader, split_key
+from dali_shards.tar.scan import count_samples
 from dali_shards.testing.tars import AWKWARD, make_tar
 
 

@@ -6,7 +6,7 @@ import pytest
 from dali_shards import ShardWriter
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.errors import ConfigError
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 from dali_shards.tools.writer import TarShardFile
 
 

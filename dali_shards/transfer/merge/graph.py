@@ -15,7 +15,7 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
 from nvidia.dali.types import DALIDataType, to_dali_type
 
-from dali_shards.worker.layout import SampleLayout, table_slot
+from dali_shards.shm.packing import Packing, table_place
 from dali_shards.worker.outputs import DALI_DTYPES
 from dali_shards.fields import FieldKind
 
@@ -79,7 +79,7 @@ def _cut(data: DataNode, offset: DataNode, length: DataNode | np.ndarray) -> Dat
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
-# the dtypes an array may travel as: one list (``worker/outputs.py``), which the layout checks
+# the dtypes an array may travel as: one list (``worker/outputs.py``), which the packing checks
 _DALI_TYPES = {name: to_dali_type(name) for name in sorted(DALI_DTYPES)}
 
 
@@ -95,41 +95,41 @@ def _array(data: DataNode, header: DataNode, dims: int, spec) -> DataNode:
 
 
 @do_not_convert
-def _fields(header: DataNode, heap: DataNode, payload, layout: SampleLayout) -> List[DataNode]:
+def _fields(header: DataNode, heap: DataNode, payload, packing: Packing) -> List[DataNode]:
     out = []
-    for spec in layout.fields:
+    for spec in packing.fields:
         if spec.kind == FieldKind.PAYLOAD:
-            out.append(payload if spec.dtype is None else _array(payload, header, spec.slot, spec))
+            out.append(payload if spec.dtype is None else _array(payload, header, spec.column, spec))
         elif spec.kind in (FieldKind.BYTES, FieldKind.KEY, FieldKind.ARRAY):
-            data = _cut(heap, header[spec.slot : spec.slot + 1], header[spec.slot + 1 : spec.slot + 2])
-            out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec.slot + 2, spec))
+            data = _cut(heap, header[spec.column : spec.column + 1], header[spec.column + 1 : spec.column + 2])
+            out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec.column + 2, spec))
         elif spec.kind == FieldKind.VALID:
-            out.append(header[spec.slot] == 1)  # status: 1 valid, 0 padding, -1 skipped
+            out.append(header[spec.column] == 1)  # status: 1 valid, 0 padding, -1 skipped
         else:
-            out.append(header[spec.slot])
+            out.append(header[spec.column])
     return out
 
 
 @do_not_convert
 def assemble_fields(
-    outputs: Sequence[DataNode], layout: SampleLayout, batch_size: int
+    outputs: Sequence[DataNode], packing: Packing, batch_size: int
 ) -> Tuple[List[DataNode], DataNode]:
-    """The requested fields, in the layout's order, from the workers' external-source outputs
+    """The requested fields, in the packing's order, from the workers' external-source outputs
     (byte fields as 1-D uint8, ``.cls`` and ``__index__`` as int64 scalars, ``__valid__`` bool),
     and each slot's ``[index, status]`` (int64) for the iterator."""
-    if not layout.table:
+    if not packing.table:
         (blob,) = outputs
-        header = fn.reinterpret(blob[0 : layout.header_bytes], dtype=DALIDataType.INT64)
-        return _fields(header, blob, None, layout), header[0:2]
+        header = fn.reinterpret(blob[0 : packing.header_bytes], dtype=DALIDataType.INT64)
+        return _fields(header, blob, None, packing), header[0:2]
     py_num_workers = len(outputs)
     mini_batch = batch_size // py_num_workers
     tables = [
-        fn.permute_batch(out, indices=[table_slot(w, py_num_workers, mini_batch)] * batch_size)
+        fn.permute_batch(out, indices=[table_place(w, py_num_workers, mini_batch)] * batch_size)
         for w, out in enumerate(outputs)
     ]
     owner = fn.external_source(source=SlotOwners(py_num_workers, mini_batch), batch=True)
     payload, table = merge_slices(owner, list(zip(outputs, tables)))
-    rows = fn.external_source(source=RowOffsets(py_num_workers, mini_batch, layout.header_bytes), batch=True)
-    row = _cut(table, rows, np.array([layout.header_bytes], dtype=np.int32))
+    rows = fn.external_source(source=RowOffsets(py_num_workers, mini_batch, packing.header_bytes), batch=True)
+    row = _cut(table, rows, np.array([packing.header_bytes], dtype=np.int32))
     header = fn.reinterpret(row, dtype=DALIDataType.INT64)
-    return _fields(header, table, payload, layout), header[0:2]
+    return _fields(header, table, payload, packing), header[0:2]

@@ -2,7 +2,7 @@
 the worker process of its pool and iterates it there once per epoch; each batch is ``batch_size``
 arrays long, the same size as every other worker's batch, and only this worker's slice
 ``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples (its mini-batch), one padding
-slot its table (table layout, see ``worker/layout.py``), the other slots an empty dummy. A worker's
+slot its table (table packing, see ``shm/packing.py``), the other slots an empty dummy. A worker's
 error reaches the main process in DALI's text of it, as data (``errors.carry``). Imports no
 DALI."""
 
@@ -36,7 +36,7 @@ class MergeSource(ProcessEpochs):
     def __iter__(self) -> "PaddedBatches":
         epoch = self.next_epoch()
         if self._source is None:
-            self._source = make_source(self.config, self.slot)
+            self._source = make_source(self.config, self.stamps)
         return PaddedBatches(self.config, epoch, self._source.epoch(epoch))
 
 
@@ -53,7 +53,7 @@ class PaddedBatches:
 
     def __next__(self) -> list:
         cfg, spec = self.config, self.config.spec
-        return cfg.layout.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
+        return cfg.packing.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
 
 
 class Carried:

@@ -17,7 +17,7 @@ from dali_shards.transfer.merge.pool import LOST_WORKER_TEXT, WorkerWatch, dead_
 from dali_shards.transfer.merge.pool import worker_pids
 from dali_shards.transfer.merge.source import Carried, MergeSource
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 
 
 class MergeTransfer:
@@ -25,10 +25,10 @@ class MergeTransfer:
 
     name = "merge"
 
-    def __init__(self, configs: Sequence[WorkerConfig], layout: SampleLayout, *, batch_size: int,
+    def __init__(self, configs: Sequence[WorkerConfig], packing: Packing, *, batch_size: int,
                  worker_prefetch: int, bytes_per_sample_hint: Optional[int]):  # fmt: skip
         self.sources = [MergeSource(config) for config in configs]  # plain objects, made outside the graph
-        self.layout = layout
+        self.packing = packing
         self.batch_size = batch_size
         self.worker_prefetch = worker_prefetch
         self.hint = bytes_per_sample_hint
@@ -40,7 +40,7 @@ class MergeTransfer:
                                prefetch_queue_depth=self.worker_prefetch, bytes_per_sample_hint=self.hint)
             for source in self.sources
         ]  # fmt: skip
-        return assemble_fields(outputs, self.layout, self.batch_size)
+        return assemble_fields(outputs, self.packing, self.batch_size)
 
     def attach(self, pipeline: Pipeline) -> None:
         self._pipeline = weakref.ref(pipeline)

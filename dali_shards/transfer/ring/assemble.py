@@ -14,7 +14,7 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.worker.layout import INDEX_SLOT, STATUS_VALID, VALID_SLOT, FieldSpec, SampleLayout
+from dali_shards.shm.packing import INDEX_COLUMN, STATUS_VALID, VALID_COLUMN, FieldSpec, Packing
 from dali_shards.fields import FieldKind
 
 
@@ -25,10 +25,10 @@ class OutputType(NamedTuple):
     ndim: int
 
 
-def output_types(layout: SampleLayout) -> List[OutputType]:
-    """The type of each field's output, in the layout's order, then the slot status output."""
+def output_types(packing: Packing) -> List[OutputType]:
+    """The type of each field's output, in the packing's order, then the slot status output."""
     types = []
-    for spec in layout.fields:
+    for spec in packing.fields:
         if spec.kind in (FieldKind.INT, FieldKind.INDEX):
             types.append(OutputType("int64", 0))
         elif spec.kind == FieldKind.VALID:
@@ -45,37 +45,37 @@ DENSE_BYTES = 8 << 10  # samples of one size up to this many bytes are gathered 
 GATHER_BYTES = 256  # ... by one NumPy gather up to this many, by a copy per sample above (measured fastest)
 
 
-def assemble(layout: SampleLayout, minis: Sequence[Any], wrap: Callable[[np.ndarray], Any] = lambda a: a) -> Tuple[Any, ...]:
+def assemble(packing: Packing, minis: Sequence[Any], wrap: Callable[[np.ndarray], Any] = lambda a: a) -> Tuple[Any, ...]:
     """The step's batches (see the module) from the workers' ``MiniBatch``es, in worker order."""
     rows = np.concatenate([m.rows for m in minis]) if len(minis) > 1 else minis[0].rows
     out: List[Any] = []
-    for spec in layout.fields:
+    for spec in packing.fields:
         kind = spec.kind
         if kind in (FieldKind.INT, FieldKind.INDEX):
-            out.append(np.ascontiguousarray(rows[:, INDEX_SLOT if kind == FieldKind.INDEX else spec.slot]))
+            out.append(np.ascontiguousarray(rows[:, INDEX_COLUMN if kind == FieldKind.INDEX else spec.column]))
         elif kind == FieldKind.VALID:
-            out.append(rows[:, VALID_SLOT] == STATUS_VALID)
+            out.append(rows[:, VALID_COLUMN] == STATUS_VALID)
         else:  # bytes, key, array
             out.append(_bytes_field(minis, rows, spec, wrap))
-    out.append(np.ascontiguousarray(rows[:, INDEX_SLOT : VALID_SLOT + 1]))
+    out.append(np.ascontiguousarray(rows[:, INDEX_COLUMN : VALID_COLUMN + 1]))
     return tuple(out)
 
 
 def _bytes_field(minis: Sequence[Any], rows: np.ndarray, spec: FieldSpec, wrap: Callable[[np.ndarray], Any]) -> Any:
     """A byte (or array) field's batch: dense where every sample has the same small size and shape."""
-    lengths = rows[:, spec.slot + 1]
-    shapes = rows[:, spec.slot + 2 : spec.slot + 2 + (spec.ndim or 0)] if spec.kind == FieldKind.ARRAY else None
+    lengths = rows[:, spec.column + 1]
+    shapes = rows[:, spec.column + 2 : spec.column + 2 + (spec.ndim or 0)] if spec.kind == FieldKind.ARRAY else None
     n = int(lengths[0])
     same = n <= DENSE_BYTES and (lengths == n).all() and (shapes is None or (shapes == shapes[0]).all())
     if same:
-        dense = _dense(minis, spec.slot, n, len(rows))
+        dense = _dense(minis, spec.column, n, len(rows))
         if spec.kind != FieldKind.ARRAY:
             return dense
         assert shapes is not None and spec.dtype is not None  # an array's
         return dense.view(spec.dtype).reshape((len(rows), *[int(d) for d in shapes[0]]) if spec.ndim else len(rows))
     if spec.kind != FieldKind.ARRAY:
-        return [wrap(b) for m in minis for b in _pieces(m, spec.slot)]
-    return [wrap(_as_array(b, r, spec)) for m in minis for b, r in zip(_pieces(m, spec.slot), m.rows)]
+        return [wrap(b) for m in minis for b in _pieces(m, spec.column)]
+    return [wrap(_as_array(b, r, spec)) for m in minis for b, r in zip(_pieces(m, spec.column), m.rows)]
 
 
 def _dense(minis: Sequence[Any], slot: int, n: int, count: int) -> np.ndarray:
@@ -105,4 +105,4 @@ def _as_array(data: np.ndarray, row: np.ndarray, spec: FieldSpec) -> np.ndarray:
     if spec.ndim == 1:
         return typed
     assert spec.ndim is not None  # an array's
-    return typed.reshape([int(d) for d in row[spec.slot + 2 : spec.slot + 2 + spec.ndim]])
+    return typed.reshape([int(d) for d in row[spec.column + 2 : spec.column + 2 + spec.ndim]])

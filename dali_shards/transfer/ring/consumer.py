@@ -43,12 +43,12 @@ class WorkerGone(WorkerError):
 
 class RingConsumer:
     """The reading end of one worker's ring over ``conn``, to the worker ``process``;
-    ``header_slots`` the int64 slots of a sample's row."""
+    ``header_columns`` the int64 slots of a sample's row."""
 
-    def __init__(self, conn: Any, process: Any, depth: int, header_slots: int):
+    def __init__(self, conn: Any, process: Any, depth: int, header_columns: int):
         self.conn = conn
         self.process = process
-        self.header_slots = header_slots
+        self.header_columns = header_columns
         self.segments: List[Optional[Segment]] = [None] * depth
         self.generations = [0] * depth
         self.closed = False
@@ -79,7 +79,7 @@ class RingConsumer:
         assert segment is not None  # received with the slot's first generation
         table = segment.array[: int(msg.size)]
         count = int(msg.count)
-        rows = table[: count * 8 * self.header_slots].view(np.int64).reshape(count, self.header_slots)
+        rows = table[: count * 8 * self.header_columns].view(np.int64).reshape(count, self.header_columns)
         return MiniBatch(int(msg.epoch), int(msg.step), slot, rows, table)
 
     def release(self, slot: int) -> None:

@@ -17,8 +17,8 @@ from typing import Any, Deque, List, Optional
 from dali_shards.errors import WorkerError
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
-from dali_shards.worker.layout import SampleLayout
-from dali_shards.worker.tables import Grow, as_table
+from dali_shards.shm.packing import Packing
+from dali_shards.shm.tables import Grow, as_table
 
 MIN_SLOT = 1 << 20
 GROWTH = 1.5
@@ -31,9 +31,9 @@ class Stopped(Exception):
 class RingProducer:
     """The writing end of one worker's ring (``depth`` slots) over ``conn``."""
 
-    def __init__(self, conn: Any, depth: int, layout: SampleLayout, first_slot_bytes: int = MIN_SLOT):
+    def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT):
         self.conn = conn
-        self.layout = layout
+        self.packing = packing
         self.slots: List[Optional[Segment]] = [None] * depth
         self.generations = [0] * depth  # each slot's segment, counted
         self.sent = [0] * depth  # the generation of each slot's segment the main process has
@@ -43,9 +43,9 @@ class RingProducer:
     def put(self, epoch: int, step: int, batch: Any) -> None:
         """Write the mini-batch of ``step`` of ``epoch`` into a free slot and announce it (waits for a
         free slot; ``Stopped`` if the main process ends the worker meanwhile). ``batch``: packed
-        samples, or a table writer (``worker/tables.py``)."""
+        samples, or a table writer (``shm/tables.py``)."""
         slot = self._free_slot()
-        table = as_table(self.layout, batch)
+        table = as_table(self.packing, batch)
         need = table.capacity
         while True:
             segment = self._segment(slot, need)

@@ -26,10 +26,10 @@ from dali_shards.userwarn import warn_user
 from dali_shards.transfer.base import steps_in_flight
 from dali_shards.transfer.ring.assemble import assemble, output_types
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, WorkerGone
-from dali_shards.worker.control import ControlBlock
+from dali_shards.shm.control import ControlBlock
 from dali_shards.transfer.ring.workers import RingWorkers
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.layout import SampleLayout
+from dali_shards.shm.packing import Packing
 
 
 FEED_NAME = "dali_shards ring feed"
@@ -41,10 +41,10 @@ class RingFeed:
     has failed (a worker's error, a lost worker), every later call says so at once: the workers'
     streams are no longer in step."""
 
-    def __init__(self, workers: RingWorkers, layout: SampleLayout, start_epoch: int, batch_size: int,
+    def __init__(self, workers: RingWorkers, packing: Packing, start_epoch: int, batch_size: int,
                  control: Optional[ControlBlock] = None):  # fmt: skip
         self.workers = workers
-        self.layout = layout
+        self.packing = packing
         self.epoch = start_epoch
         self.step = 0
         self.batch_size = batch_size
@@ -72,7 +72,7 @@ class RingFeed:
             raise
         if self.control is not None:
             self.control.unlink_once_attached()
-        return assemble(self.layout, got, wrap=TensorCPU)
+        return assemble(self.packing, got, wrap=TensorCPU)
 
     def _release(self) -> None:
         for consumer, slot in self.held:  # DALI copied them at the last call
@@ -118,16 +118,16 @@ class RingTransfer:
 
     name = "ring"
 
-    def __init__(self, configs: Sequence[WorkerConfig], layout: SampleLayout, *, batch_size: int, worker_prefetch: int,
+    def __init__(self, configs: Sequence[WorkerConfig], packing: Packing, *, batch_size: int, worker_prefetch: int,
                  start_method: str, start_epoch: int, first_slot_bytes: int,
                  control: Optional[ControlBlock] = None):  # fmt: skip
         self.depth = worker_prefetch + 1  # a slot is given back one call after DALI took it
         self.workers = RingWorkers(configs, self.depth, start_method, first_slot_bytes)
-        self.feed = RingFeed(self.workers, layout, start_epoch, batch_size, control)
-        self.layout = layout
+        self.feed = RingFeed(self.workers, packing, start_epoch, batch_size, control)
+        self.packing = packing
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
-        kinds = output_types(self.layout)
+        kinds = output_types(self.packing)
         outputs = fn.external_source(
             source=self.feed, num_outputs=len(kinds), batch=True, parallel=False, no_copy=False,
             dtype=[types.to_dali_type(k.dtype) for k in kinds], ndim=[k.ndim for k in kinds],
@@ -137,7 +137,7 @@ class RingTransfer:
     def attach(self, pipeline: Pipeline) -> None:
         # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
         Finalize(pipeline, self.workers.stop, exitpriority=10)
-        fields = [f.name for f in self.layout.fields]
+        fields = [f.name for f in self.packing.fields]
         pipeline.build = functools.partial(  # type: ignore[method-assign]  # wraps this DALI pipeline's build
             _build_started, weakref.ref(pipeline), self.workers, fields
         )

@@ -23,7 +23,7 @@ from dali_shards.transfer.base import dead_of, kill_all, pids_of
 from dali_shards.transfer.ring.consumer import RingConsumer
 from dali_shards.transfer.ring.producer import RingProducer, Stopped
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.process import attach_slot, entered_process
+from dali_shards.worker.process import attach_stamps, entered_process
 from dali_shards.worker.sources import make_source
 
 log = logging.getLogger("dali_shards")
@@ -34,9 +34,9 @@ START_METHODS = ("fork", "spawn")
 def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, first_slot_bytes: int) -> None:
     """A ring worker process's whole life (see the module)."""
     entered_process(owner_pid)
-    producer = RingProducer(conn, depth, config.layout, first_slot_bytes)
+    producer = RingProducer(conn, depth, config.packing, first_slot_bytes)
     try:
-        source = make_source(config, attach_slot(config.control, config.worker), direct=True)
+        source = make_source(config, attach_stamps(config.control, config.worker), direct=True)
         epoch = config.start_epoch
         while True:
             steps = 0
@@ -108,7 +108,7 @@ class RingWorkers:
                 finally:
                     there.close()
                 processes.append(process)
-                consumers.append(RingConsumer(here, process, self.depth, config.layout.header_slots))
+                consumers.append(RingConsumer(here, process, self.depth, config.packing.header_columns))
         except BaseException:
             _end(processes, consumers)
             raise

@@ -1,4 +1,4 @@
-"""The pieces of a batch slot: field specs and header slots, and a packed sample (see ``layout``).
+"""The pieces of a batch slot: field specs and header slots, and a packed sample (see ``packing``).
 Imports no DALI."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.fields import (  # noqa: F401 - KEY, INDEX, VALID, SPECIAL_FIELDS, input_spec: the layout's vocabulary
+from dali_shards.fields import (  # noqa: F401 - KEY, INDEX, VALID, SPECIAL_FIELDS, input_spec: the packing's vocabulary
     INDEX,
     KEY,
     SPECIAL_FIELDS,
@@ -20,12 +20,12 @@ from dali_shards.fields import (  # noqa: F401 - KEY, INDEX, VALID, SPECIAL_FIEL
 )
 from dali_shards.worker.outputs import OutputSpec
 
-INDEX_SLOT, VALID_SLOT = 0, 1
+INDEX_COLUMN, VALID_COLUMN = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
 
 
-def table_slot(worker: int, py_num_workers: int, mini_batch: int) -> int:
+def table_place(worker: int, py_num_workers: int, mini_batch: int) -> int:
     """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
     return (worker + 1) % py_num_workers * mini_batch
 
@@ -39,13 +39,13 @@ class FieldSpec:
     name: str
     kind: FieldKind
     extensions: Tuple[str, ...]
-    slot: int
+    column: int
     dtype: Optional[str] = None
     ndim: Optional[int] = None
 
     @property
-    def slots(self) -> int:
-        """Header slots it takes."""
+    def columns(self) -> int:
+        """Header columns it takes."""
         if self.kind in (FieldKind.INDEX, FieldKind.VALID):
             return 0
         if self.kind == FieldKind.PAYLOAD:
@@ -54,8 +54,8 @@ class FieldSpec:
 
 
 class Packed:
-    """A sample ready for batching: its header row, its payload (table layout) and the bytes of
-    its other byte fields, or (packed layout) the single array with all of them; and its length
+    """A sample ready for batching: its header row, its payload (table packing) and the bytes of
+    its other byte fields, or (packed packing) the single array with all of them; and its length
     for bucketing."""
 
     __slots__ = ("header", "payload", "parts", "blob", "length")
@@ -81,9 +81,9 @@ class Packed:
             header = blob[: self.header.nbytes].view(np.int64)
         else:
             blob, header = None, self.header.copy()
-        header[VALID_SLOT] = status
+        header[VALID_COLUMN] = status
         if index is not None:
-            header[INDEX_SLOT] = index
+            header[INDEX_COLUMN] = index
         return Packed(header, self.payload, self.parts, blob, self.length)
 
 

@@ -16,8 +16,8 @@ import struct
 import zlib
 from typing import Any, Collection, Optional
 
-from dali_shards.io.tarformat import RawSample, split_key
-from dali_shards.io.tarheader import BLOCK, decode_name
+from dali_shards.tar.format import RawSample, split_key
+from dali_shards.tar.header import BLOCK, decode_name
 
 # name, (mode, uid, gid skipped), size, (mtime skipped), checksum, typeflag; then magic and prefix
 _HEADER = struct.Struct("100s24x12s12x8sc")

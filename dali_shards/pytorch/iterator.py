@@ -13,13 +13,13 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
-from dali_shards.world import check_same_plan, plan_summary
+from dali_shards.pytorch.plancheck import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
 from dali_shards.decode_failure import decode_failure
 from dali_shards.pipeline.decorator import pipeline_info
 from dali_shards.supervise import Watchdog
 from dali_shards.pids import describe_exit
-from dali_shards.torch_outputs import BatchOutputs, device_of, select
+from dali_shards.pytorch.outputs import BatchOutputs, device_of, select
 
 log = logging.getLogger(__name__)
 STATUS_OUTPUT = "__dali_shards_status__"
@@ -82,7 +82,7 @@ class DALIShardedIterator(DALIGenericIterator):
     fields the function returns as they come (a member's, a ``map``'s bytes). Every other output is
     dense (arrays from ``.npy`` members or a ``map`` too: name those that vary, such as boxes); one
     whose samples turn out to differ in shape is a ``RaggedOutputError`` saying how to declare it
-    (see ``dali_shards.torch_outputs``). ``dynamic_shape`` and ``prepare_first_batch`` are
+    (see ``dali_shards.pytorch.outputs``). ``dynamic_shape`` and ``prepare_first_batch`` are
     ``DALIGenericIterator``'s (the first is ignored by DALI; the second fetches the first batch
     when the iterator is made). ``epoch`` is the epoch the next batch belongs to.
     """

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.worker.layout import SampleLayout
-from dali_shards.io.tarformat import RawSample
+from dali_shards.shm.packing import Packing
+from dali_shards.tar.format import RawSample
 
 
 def jpeg(filler: int) -> bytes:
-    """A structurally valid JPEG (the layout checks image members): SOI, APP0, SOS, data, EOI."""
+    """A structurally valid JPEG (the packing checks image members): SOI, APP0, SOS, data, EOI."""
     app0 = b"\xff\xe0" + (16).to_bytes(2, "big") + b"JFIF\0" + b"\1" * 9
     sos = b"\xff\xda" + (8).to_bytes(2, "big") + b"\1\1\0\0\x3f\0"
     return b"\xff\xd8" + app0 + sos + b"J" * filler + b"\xff\xd9"
@@ -33,40 +33,40 @@ def sample(key="k1", **data):
     return s
 
 
-def unpack_batch(layout, packed):
+def unpack_batch(packing, packed):
     """Reference unpacking of a mini-batch (a list of Packed), the numpy twin of
     graph.assemble_fields: what each slot's fields are in the pipeline."""
-    if layout.table:
-        table = layout.table_array(packed)
-        rows = table[: len(packed) * layout.header_bytes].view(np.int64).reshape(len(packed), -1)
-        items = [(layout.slot_array(p), rows[i], table) for i, p in enumerate(packed)]
+    if packing.table:
+        table = packing.table_array(packed)
+        rows = table[: len(packed) * packing.header_bytes].view(np.int64).reshape(len(packed), -1)
+        items = [(packing.place_array(p), rows[i], table) for i, p in enumerate(packed)]
     else:
         items = []
         for p in packed:
-            blob = layout.slot_array(p)
-            items.append((None, blob[: layout.header_bytes].view(np.int64), blob))
+            blob = packing.place_array(p)
+            items.append((None, blob[: packing.header_bytes].view(np.int64), blob))
     out = []
     for payload, header, heap in items:
         fields = []
-        for spec in layout.fields:
+        for spec in packing.fields:
             if spec.kind == "payload":
                 fields.append(bytes(payload))
             elif spec.kind in ("bytes", "key"):
-                off, n = header[spec.slot], header[spec.slot + 1]
+                off, n = header[spec.column], header[spec.column + 1]
                 fields.append(bytes(heap[off : off + n]))
             elif spec.kind == "valid":
-                fields.append(bool(header[spec.slot]))
+                fields.append(bool(header[spec.column]))
             else:
-                fields.append(int(header[spec.slot]))
+                fields.append(int(header[spec.column]))
         out.append(fields)
     return out
 
 
-def unpack(layout, packed):
-    return unpack_batch(layout, [packed])[0]
+def unpack(packing, packed):
+    return unpack_batch(packing, [packed])[0]
 
 
-LAYOUTS = [
+PACKINGS = [
     dict(),
     dict(table=True, payload="jpg;png"),
     dict(table=True, payload="json"),
@@ -74,96 +74,96 @@ LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("kw", LAYOUTS)
+@pytest.mark.parametrize("kw", PACKINGS)
 def test_round_trip_of_every_field_kind(kw):
-    layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "__valid__", "json"), **kw)
-    packed = layout.pack(sample(png=PNG, cls=b" 281\n", json=b"{}"), index=12345)
-    assert unpack(layout, packed) == [PNG, 281, b"k1", 12345, True, b"{}"]
+    packing = Packing(("jpg;png", "cls", "__key__", "__index__", "__valid__", "json"), **kw)
+    packed = packing.pack(sample(png=PNG, cls=b" 281\n", json=b"{}"), index=12345)
+    assert unpack(packing, packed) == [PNG, 281, b"k1", 12345, True, b"{}"]
     pad = packed.as_padding()
-    assert unpack(layout, pad)[4] is False and unpack(layout, packed)[4] is True
-    assert unpack(layout, pad)[:4] == unpack(layout, packed)[:4]
+    assert unpack(packing, pad)[4] is False and unpack(packing, packed)[4] is True
+    assert unpack(packing, pad)[:4] == unpack(packing, packed)[:4]
 
 
 @pytest.mark.parametrize("table", [False, True])
 def test_keys_with_invalid_utf8_travel_as_their_bytes(table):
-    layout = SampleLayout(("cls", "__key__"), table=table)
+    packing = Packing(("cls", "__key__"), table=table)
     key = b"caf\xe9".decode("utf-8", "surrogateescape")
-    assert unpack(layout, layout.pack(sample(key=key, cls=b"1"), index=0)) == [1, b"caf\xe9"]
+    assert unpack(packing, packing.pack(sample(key=key, cls=b"1"), index=0)) == [1, b"caf\xe9"]
 
 
 @pytest.mark.parametrize("text", [b"99999999999999999999999", b"-9223372036854775809", b"1" * 5000])
 def test_a_label_beyond_64_bits_is_a_shard_format_error(text):
     with pytest.raises(ShardFormatError, match="must hold") as err:
-        SampleLayout(("cls",)).pack(sample(key="big", cls=text), index=0)
+        Packing(("cls",)).pack(sample(key="big", cls=text), index=0)
     assert err.value.key == "big" and err.value.url == "shard-0.tar"
 
 
-@pytest.mark.parametrize("kw", LAYOUTS)
+@pytest.mark.parametrize("kw", PACKINGS)
 def test_a_table_holds_a_whole_mini_batch(kw):
-    layout = SampleLayout(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)
+    packing = Packing(("jpg;png", "cls", "__key__", "__index__", "json"), **kw)
     samples = [sample(key=f"k{i}", jpg=jpeg(i), cls=b"%d" % i, json=b"{%d}" % i) for i in range(5)]
-    packed = [layout.pack(s, 100 + i) for i, s in enumerate(samples)]
+    packed = [packing.pack(s, 100 + i) for i, s in enumerate(samples)]
     packed[3] = packed[3].as_padding()
-    got = unpack_batch(layout, packed)
+    got = unpack_batch(packing, packed)
     assert got == [[jpeg(i), i, f"k{i}".encode(), 100 + i, b"{%d}" % i] for i in range(5)]
 
 
 def test_payload_must_be_a_byte_field():
     with pytest.raises(ConfigError):
-        SampleLayout(("jpg", "cls"), table=True, payload="cls")
+        Packing(("jpg", "cls"), table=True, payload="cls")
     with pytest.raises(ConfigError):
-        SampleLayout(("jpg",), table=True, payload="png")
+        Packing(("jpg",), table=True, payload="png")
 
 
 def test_first_present_alternative_wins():
-    layout = SampleLayout(("jpg;png",))
-    assert unpack(layout, layout.pack(sample(jpg=JPG, png=PNG), 0)) == [JPG]
+    packing = Packing(("jpg;png",))
+    assert unpack(packing, packing.pack(sample(jpg=JPG, png=PNG), 0)) == [JPG]
 
 
 def test_empty_member_is_an_empty_field():
-    layout = SampleLayout(("txt", "cls"))
-    assert unpack(layout, layout.pack(sample(txt=b"", cls=b"0"), 0)) == [b"", 0]
+    packing = Packing(("txt", "cls"))
+    assert unpack(packing, packing.pack(sample(txt=b"", cls=b"0"), 0)) == [b"", 0]
 
 
 def test_missing_field_names_shard_and_key():
-    layout = SampleLayout(("jpg", "cls"))
+    packing = Packing(("jpg", "cls"))
     with pytest.raises(ShardFormatError) as err:
-        layout.pack(sample(key="000042", jpg=JPG), 0)
+        packing.pack(sample(key="000042", jpg=JPG), 0)
     assert err.value.url == "shard-0.tar" and err.value.key == "000042"
     assert "'cls'" in str(err.value) and "What to do" in str(err.value)
 
 
 def test_non_integer_class_names_shard_and_key():
-    layout = SampleLayout(("cls",))
+    packing = Packing(("cls",))
     with pytest.raises(ShardFormatError, match="text integer") as err:
-        layout.pack(sample(key="k7", cls=b"dog"), 0)
+        packing.pack(sample(key="k7", cls=b"dog"), 0)
     assert err.value.key == "k7"
 
 
 @pytest.mark.parametrize("fields", [(), "jpg", ("jpg", "jpg"), ("",), (";",), (3,)])
 def test_bad_field_lists(fields):
     with pytest.raises(ConfigError):
-        SampleLayout(fields)
+        Packing(fields)
 
 
 def test_layout_pickles():
     import pickle
 
-    layout = SampleLayout(("jpg", "cls", "__index__"), table=True, payload="jpg")
-    again = pickle.loads(pickle.dumps(layout))
+    packing = Packing(("jpg", "cls", "__index__"), table=True, payload="jpg")
+    again = pickle.loads(pickle.dumps(packing))
     assert [f.name for f in again.fields] == ["jpg", "cls", "__index__"]
-    assert again.header_bytes == layout.header_bytes and again.payload == "jpg" and again.table
+    assert again.header_bytes == packing.header_bytes and again.payload == "jpg" and again.table
 
 
 def test_layout_choice():
     from dali_shards.catalog.shardinfo import ShardInfo
-    from dali_shards.setup.resolve import choose_layout
+    from dali_shards.setup.resolve import choose_packing
 
     shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]
     for workers in (1, 2):  # the ring: a table of every field, whatever the workers
-        ring = choose_layout(("json", "jpg", "cls"), shards, workers, transfer="ring")
+        ring = choose_packing(("json", "jpg", "cls"), shards, workers, transfer="ring")
         assert ring.table and ring.payload is None
-    merge = lambda fields, shards, n: choose_layout(fields, shards, n, transfer="merge")  # noqa: E731
+    merge = lambda fields, shards, n: choose_packing(fields, shards, n, transfer="merge")  # noqa: E731
     assert not merge(("json", "jpg", "cls"), shards, 1).table
     assert merge(("json", "jpg", "cls"), shards, 2).payload == "jpg"
     assert merge(("cls", "__key__"), shards, 4).payload is None
@@ -175,38 +175,38 @@ def test_layout_choice():
 @pytest.mark.parametrize("order", [("png", "cls", "jpg"), ("jpg", "png", "cls"), ("cls", "jpg")])
 @pytest.mark.parametrize("fields", [("jpg;png", "cls"), ("jpg;png", "cls", "__key__", "__index__")])
 def test_reading_into_place_gives_the_same_sample(kw, order, fields):
-    """What the reader does: ask the layout where each member goes, read there, then pack."""
-    layout = SampleLayout(fields, **kw)
+    """What the reader does: ask the packing where each member goes, read there, then pack."""
+    packing = Packing(fields, **kw)
     members = {"jpg": JPG, "png": PNG, "cls": b"12"}
     direct, placed = sample(key="k9"), sample(key="k9")
     for ext in order:
         direct.data[ext] = members[ext]
         direct.extensions.append(ext)
-        buffer = layout.destination(placed, ext, len(members[ext]))
+        buffer = packing.destination(placed, ext, len(members[ext]))
         if buffer is not None:
             buffer[:] = np.frombuffer(members[ext], dtype=np.uint8)
             placed.data[ext] = buffer
         else:
             placed.data[ext] = members[ext]
         placed.extensions.append(ext)
-    want = unpack(layout, layout.pack(direct, 5))
-    got = unpack(layout, layout.pack(placed, 5))
+    want = unpack(packing, packing.pack(direct, 5))
+    got = unpack(packing, packing.pack(placed, 5))
     assert got == want
     assert want[0] == (members["jpg"] if "jpg" in order else members["png"])
 
 
 def test_image_fields_must_hold_images():
-    layout = SampleLayout(("jpg",))
-    assert unpack(layout, layout.pack(sample(jpg=PNG), 0)) == [PNG], "any image format under any image extension"
+    packing = Packing(("jpg",))
+    assert unpack(packing, packing.pack(sample(jpg=PNG), 0)) == [PNG], "any image format under any image extension"
     with pytest.raises(ShardFormatError, match="not an image") as err:
-        layout.pack(sample(key="bad", jpg=b"<html>oops</html>"), 0)
+        packing.pack(sample(key="bad", jpg=b"<html>oops</html>"), 0)
     assert err.value.key == "bad" and "on_error='skip'" in str(err.value)
-    assert SampleLayout(("txt",)).pack(sample(txt=b"<html>"), 0) is not None, "other fields are not checked"
+    assert Packing(("txt",)).pack(sample(txt=b"<html>"), 0) is not None, "other fields are not checked"
 
 
 def test_padding_and_skipped_marks():
-    layout = SampleLayout(("jpg", "__index__", "__valid__"), table=True, payload="jpg")
-    packed = layout.pack(sample(jpg=JPG), 7)
+    packing = Packing(("jpg", "__index__", "__valid__"), table=True, payload="jpg")
+    packed = packing.pack(sample(jpg=JPG), 7)
     assert list(packed.header[:2]) == [7, 1]
     assert list(packed.as_padding().header[:2]) == [7, 0]
     skipped = packed.as_skipped(42)
@@ -222,9 +222,9 @@ def test_padding_and_skipped_marks():
      (b" " * 30 + b"5" + b" " * 30, 5)],
 )  # fmt: skip
 def test_an_integer_field_is_its_whole_text(text, value):
-    for kw in LAYOUTS[:1] + LAYOUTS[-1:]:
-        layout = SampleLayout(("cls",), **kw)
-        assert unpack(layout, layout.pack(sample(cls=text), 0)) == [value]
+    for kw in PACKINGS[:1] + PACKINGS[-1:]:
+        packing = Packing(("cls",), **kw)
+        assert unpack(packing, packing.pack(sample(cls=text), 0)) == [value]
 
 
 @pytest.mark.parametrize(
@@ -238,6 +238,6 @@ def test_an_integer_field_is_its_whole_text(text, value):
 )  # fmt: skip
 def test_an_integer_field_that_is_not_one_whole_integer_is_a_shard_format_error(text, what):
     with pytest.raises(ShardFormatError, match="must hold") as err:
-        SampleLayout(("cls",)).pack(sample(key="odd", cls=text), index=0)
+        Packing(("cls",)).pack(sample(key="odd", cls=text), index=0)
     assert err.value.key == "odd" and err.value.url == "shard-0.tar" and "'cls'" in str(err.value)
     assert what in str(err.value) and len(str(err.value)) < 1000

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional, Tuple
 
 from dali_shards.errors import ShardFormatError
-from dali_shards.io.tarheader import (
+from dali_shards.tar.header import (
     BLOCK,
     SPARSE_HINT,
     check_header,

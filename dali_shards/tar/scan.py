@@ -9,7 +9,7 @@ from typing import BinaryIO, Dict, Iterable, List, Optional
 
 import numpy as np
 
-from dali_shards.io.tarformat import TarReader
+from dali_shards.tar.format import TarReader
 
 
 def key_fingerprint(key: str) -> int:

@@ -1,26 +1,27 @@
-"""How a worker hands its samples to the pipeline, one array per batch slot.
+"""How a worker packs its samples for the pipeline: one array per place in the batch.
 
-DALI charges a fixed price per batch slot (the padding dummies included) and copies byte ranges
-slowly, so each batch slot carries one array, and the large field (``jpg``) travels as read:
+DALI charges a fixed price per place in a batch (the padding dummies included) and copies byte
+ranges slowly, so each place carries one array, and the large field (``jpg``) travels as read:
 
-- *table* layout (two or more workers): a sample's slot holds its *payload* -- the bytes of its
+- *table* form (two or more workers): a sample's place holds its *payload* -- the bytes of its
   largest requested field, exactly as stored. Everything else (index, valid flag, ``.cls``
   integers, keys and small byte fields) goes into a per-batch *table* that the worker puts in one
-  of its padding slots: ``mini_batch`` rows of int64 header slots, then a heap of bytes. The
-  pipeline copies each table to its worker's slots, merges, and cuts out each sample's row.
-- *packed* layout (one worker, no padding slot to spare): a sample's slot holds one array, its
-  header row followed by the bytes of all its byte fields.
+  of its padding places: ``mini_batch`` rows of int64 header columns, then a heap of bytes
+  (``shm.schema.TABLE`` declares the columns). The pipeline copies each table to its worker's
+  places, merges, and cuts out each sample's row.
+- *single-array* form (one worker, no padding place to spare): a sample's place holds one array,
+  its header row followed by the bytes of all its byte fields.
 
-Header slots: ``[0]`` the sample's ``__index__``, ``[1]`` its status (1 valid, 0 padding, -1 a
+Header columns: ``[0]`` the sample's ``__index__``, ``[1]`` its status (1 valid, 0 padding, -1 a
 sample skipped with ``on_error="skip"``; ``__valid__`` is status == 1), then per field: ``.cls``-like
-fields one slot (the integer), byte fields other than the payload two (offset and length, in the
-table or the packed array), arrays (``.npy`` members, a ``map``'s array outputs) two more than
+fields one column (the integer), byte fields other than the payload two (offset and length, in the
+table or the single array), arrays (``.npy`` members, a ``map``'s array outputs) two more than
 their dimensions (offset, length in bytes, then the shape; only the shape for the payload). A
-padding slot carries a real sample and its index; a skipped slot carries a real sample (to keep
+padding place carries a real sample and its index; a skipped place carries a real sample (to keep
 decoders fed) and the skipped sample's index.
 
 With a ``map`` (``outputs`` given) the fields are what the workers read and decode for it, and
-its outputs are what travel, in the same slots.
+its outputs are what travel, in the same places.
 """
 
 from __future__ import annotations
@@ -31,29 +32,29 @@ import numpy as np
 
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.fields import FieldInfo, FieldKind
-from dali_shards.io.tarformat import RawSample
-from dali_shards.io.tarheader import printable
+from dali_shards.tar.format import RawSample
+from dali_shards.tar.header import printable
 from dali_shards.options import ImageCheck, option_default
 from dali_shards.worker.decoders import decode_int, decode_npy
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, image_problem
 from dali_shards.worker.outputs import DALI_DTYPES, OutputSpec
-from dali_shards.worker.slots import (  # noqa: F401 - the layout's vocabulary, imported from here too
+from dali_shards.shm.packed import (  # noqa: F401 - the packing's vocabulary, imported from here too
     EMPTY,
     INDEX,
-    INDEX_SLOT,
+    INDEX_COLUMN,
     KEY,
     SPECIAL_FIELDS,
     STATUS_PADDING,
     STATUS_SKIPPED,
     STATUS_VALID,
     VALID,
-    VALID_SLOT,
+    VALID_COLUMN,
     FieldSpec,
     Packed,
     array_type,
     input_spec,
     output_kind,
-    table_slot,
+    table_place,
 )
 
 def _aligned(size: int) -> int:
@@ -83,8 +84,8 @@ def check_npy_dtype(sample: RawSample, name: str, array: np.ndarray) -> np.ndarr
     return array
 
 
-class SampleLayout:
-    """Field specs, header slots, and the packing of samples for one layout. ``fields`` are the
+class Packing:
+    """Field specs, header columns, and the packing of samples. ``fields`` are the
     requested fields (read from the members); ``outputs``, with a ``map``, the specs of what it
     returns (these travel instead); ``arrays``, without one, the dtype and dimensions of ``.npy``
     fields (from the first sample)."""
@@ -111,7 +112,7 @@ class SampleLayout:
         self.outputs = None if outputs is None else tuple(outputs)
         arrays = dict(arrays or {})
         wanted = inputs if outputs is None else [output_kind(o) for o in outputs]
-        specs, slot = [], 2
+        specs, column = [], 2
         for name, kind, exts in wanted:
             dtype, ndim = None, None
             if kind == FieldKind.ARRAY:
@@ -120,11 +121,11 @@ class SampleLayout:
             if name == payload and table:
                 if kind not in (FieldKind.BYTES, FieldKind.ARRAY):
                     raise ConfigError(f"payload field {payload!r} must be a member's bytes or an array, not {kind}")
-                spec = FieldSpec(name, FieldKind.PAYLOAD, exts, slot, dtype, ndim)
+                spec = FieldSpec(name, FieldKind.PAYLOAD, exts, column, dtype, ndim)
             else:
-                spec = FieldSpec(name, kind, exts, {FieldKind.INDEX: INDEX_SLOT, FieldKind.VALID: VALID_SLOT}.get(kind, slot), dtype, ndim)
+                spec = FieldSpec(name, kind, exts, {FieldKind.INDEX: INDEX_COLUMN, FieldKind.VALID: VALID_COLUMN}.get(kind, column), dtype, ndim)
             specs.append(spec)
-            slot += spec.slots
+            column += spec.columns
         out_names = [f.name for f in specs]
         if len(set(out_names)) != len(out_names):
             raise ConfigError(f"outputs must be distinct, got {tuple(out_names)!r}")
@@ -135,12 +136,12 @@ class SampleLayout:
         self.payload = payload if table else None
         self.image_check = ImageCheck(image_check)
         self.arrays = arrays
-        self.header_slots = slot
-        self.header_bytes = 8 * slot
+        self.header_columns = column
+        self.header_bytes = 8 * column
         self.extensions = frozenset(e for _, _, exts in inputs for e in exts)
         self._has_key = any(s.kind == FieldKind.KEY for s in specs)
         # Reading straight into the arrays that go to the pipeline saves a copy per sample (without a
-        # map): the payload into an array of its own; in the packed layout, when it is the only byte
+        # map): the payload into an array of its own; in the single-array form, when it is the only byte
         # field besides the key, the byte field into the packed array right after the header.
         plain = outputs is None
         self._payload_exts = frozenset(e for s in specs if plain and s.kind == FieldKind.PAYLOAD and s.dtype is None for e in s.extensions)
@@ -150,7 +151,7 @@ class SampleLayout:
 
     def __repr__(self) -> str:
         kind = f"table, payload={self.payload!r}" if self.table else "packed"
-        return f"SampleLayout({[f.name for f in self.fields]!r}, {kind})"
+        return f"Packing({[f.name for f in self.fields]!r}, {kind})"
 
     def __getstate__(self):
         return {
@@ -199,7 +200,7 @@ class SampleLayout:
             elif spec.kind == FieldKind.ARRAY or (spec.kind == FieldKind.PAYLOAD and spec.dtype is not None):
                 values[spec.name] = self._parse_npy(sample, spec, data)
             elif spec is self._placed and sample.extra is not None and sample.extra[0] == self._chosen(sample, spec):
-                placed = (spec.slot, sample.extra[1], sample.extra[2])
+                placed = (spec.column, sample.extra[1], sample.extra[2])
             else:
                 values[spec.name] = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
         return self.pack_values(values, index, sample.key, placed)
@@ -208,34 +209,34 @@ class SampleLayout:
         """A sample's values (each output as it travels: an int, a uint8 array of bytes, an
         array), ready for batching, marked valid."""
         parts: List[Tuple[int, Any]] = []
-        header = np.empty(self.header_slots, dtype=np.int64)
-        header[INDEX_SLOT], header[VALID_SLOT] = index, STATUS_VALID
+        header = np.empty(self.header_columns, dtype=np.int64)
+        header[INDEX_COLUMN], header[VALID_COLUMN] = index, STATUS_VALID
         payload = None
         for spec in self.fields:
             kind = spec.kind
             if kind == FieldKind.KEY:
-                parts.append((spec.slot, key.encode("utf-8", "surrogateescape")))
+                parts.append((spec.column, key.encode("utf-8", "surrogateescape")))
             elif kind == FieldKind.INT:
-                header[spec.slot] = values[spec.name]
-            elif kind in (FieldKind.BYTES, FieldKind.ARRAY, FieldKind.PAYLOAD) and not (placed and spec.slot == placed[0]):
+                header[spec.column] = values[spec.name]
+            elif kind in (FieldKind.BYTES, FieldKind.ARRAY, FieldKind.PAYLOAD) and not (placed and spec.column == placed[0]):
                 data = values[spec.name]
                 if spec.dtype is not None:  # an array: its shape in the header, its bytes travel
                     data = np.ascontiguousarray(data)
-                    dims = spec.slot + (0 if kind == FieldKind.PAYLOAD else 2)
+                    dims = spec.column + (0 if kind == FieldKind.PAYLOAD else 2)
                     header[dims : dims + data.ndim] = data.shape
                     data = data.reshape(-1).view(np.uint8)
                 if kind == FieldKind.PAYLOAD:
                     payload = data
                 else:
-                    parts.append((spec.slot, data))
+                    parts.append((spec.column, data))
         if self.table:
             return Packed(header, payload, parts)
         return self._blob(header, parts, placed)
 
     def _blob(self, header: np.ndarray, parts: List[Tuple[int, Any]], placed) -> Packed:
-        """The packed layout's single array: the header, then the bytes of every field."""
+        """The single-array form: the header, then the bytes of every field."""
         if placed is not None:
-            slot, size, blob = placed
+            column, size, blob = placed
             offset = self.header_bytes + size
         else:
             blob = np.empty(self.header_bytes + sum(len(d) for _, d in parts), dtype=np.uint8)
@@ -243,33 +244,33 @@ class SampleLayout:
         head = blob[: self.header_bytes].view(np.int64)
         head[:] = header
         if placed is not None:
-            head[slot] = self.header_bytes
-            head[slot + 1] = size
+            head[column] = self.header_bytes
+            head[column + 1] = size
         view = memoryview(blob)
-        for slot_, data in parts:
+        for at, data in parts:
             end = offset + len(data)
             view[offset:end] = data
-            head[slot_] = offset
-            head[slot_ + 1] = len(data)
+            head[at] = offset
+            head[at + 1] = len(data)
             offset = end
         return Packed(head, blob=blob)
 
-    def slot_array(self, packed: Packed) -> np.ndarray:
-        """What a sample's own batch slot carries."""
+    def place_array(self, packed: Packed) -> np.ndarray:
+        """What a sample's own place in the batch carries."""
         if self.table:
             return packed.payload if packed.payload is not None else EMPTY
         return packed.blob
 
     def worker_batch(self, samples: Sequence[Packed], worker: int, py_num_workers: int, batch_size: int) -> list:
         """The full-size batch local worker ``worker`` emits: its samples in its own slice, its
-        table (table layout) in its table slot, an empty dummy in every other slot."""
+        table (table form) in its table place, an empty dummy in every other place."""
         m = len(samples)
         batch = [EMPTY] * batch_size
         base = worker * m
         for i, packed in enumerate(samples):
-            batch[base + i] = self.slot_array(packed)
+            batch[base + i] = self.place_array(packed)
         if self.table:
-            batch[table_slot(worker, py_num_workers, m)] = self.table_array(samples)
+            batch[table_place(worker, py_num_workers, m)] = self.table_array(samples)
         return batch
 
     def table_size(self, samples: Sequence[Packed]) -> int:
@@ -282,16 +283,16 @@ class SampleLayout:
         from the table's start); written into ``out`` (uint8, ``table_size`` bytes) if given."""
         rows = len(samples) * self.header_bytes
         table = np.empty(self.table_size(samples), dtype=np.uint8) if out is None else out
-        headers = table[:rows].view(np.int64).reshape(len(samples), self.header_slots)
+        headers = table[:rows].view(np.int64).reshape(len(samples), self.header_columns)
         view = memoryview(table)  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on Python 3.12+
         offset = rows
         for i, p in enumerate(samples):
             headers[i] = p.header
-            for slot, data in p.parts:
+            for at, data in p.parts:
                 end = offset + len(data)
                 view[offset:end] = data
-                headers[i, slot] = offset
-                headers[i, slot + 1] = len(data)
+                headers[i, at] = offset
+                headers[i, at + 1] = len(data)
                 offset += _aligned(len(data))
                 table[end:offset] = 0  # (the padding too: a table's bytes are the same every time)
         return table

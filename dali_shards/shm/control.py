@@ -6,8 +6,8 @@ the workers open as ``/proc/<pid>/fd/<fd>``) that ends with the processes that m
 way they end; elsewhere a file in ``/dev/shm`` where there is one (else in the temporary
 directory). The worker sources carry only its path and map it in the worker process, so it works
 with ``fork`` and ``spawn`` alike. Each worker stamps
-its own slot (pid, a heartbeat, when it last made progress, whether it is producing a batch, its
-epoch and step, the batches it produced, the shard it reads); the main process reads the slots to
+its own record (pid, a heartbeat, when it last made progress, whether it is producing a batch, its
+epoch and step, the batches it produced, the shard it reads); the main process reads the records to
 find a stuck worker, and publishes one word, "epoch E ends at step K", to cut an abandoned epoch
 short. A file is removed once every worker has mapped it (the iterator looks before each batch),
 or with the pipeline; files left by dead processes are removed when the next one is created.
@@ -158,7 +158,7 @@ class ControlBlock:
         ]
 
     def unlink_once_attached(self) -> bool:
-        """Remove the block's file once every worker has mapped it (its slot carries a pid): the
+        """Remove the block's file once every worker has mapped it (its record carries a pid): the
         mapping stays, and nothing is left behind however the processes end later. True once done."""
         if self._unlinked or self._map is None:
             return self._unlinked
@@ -185,15 +185,15 @@ class ControlBlock:
             self._finalizer()
 
 
-class WorkerSlot:
-    """A worker process's view of its slot in a control block (opened by path)."""
+class WorkerStamps:
+    """A worker process's view of its record in a control block (the stamps it makes there) (opened by path)."""
 
     def __init__(self, path: str, worker: int):
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), 0)
         magic, _, workers = _HEADER.unpack_from(self._map, 0)
         if magic != _MAGIC or not 0 <= worker < workers:
-            raise ValueError(f"{path} is not a dali_shards control block with a slot for worker {worker}")
+            raise ValueError(f"{path} is not a dali_shards control block with a record for worker {worker}")
         self.path = path
         self._at = _HEADER_SIZE + _SLOT_SIZE * worker
         self._epoch = 0
@@ -227,8 +227,8 @@ class WorkerSlot:
         return word & 0xFFFF_FFFF if word and (word >> 32) - 1 == epoch else None
 
 
-class NoSlot:
-    """Stands in for a slot where a source runs without a control block: stamps nothing."""
+class NoStamps:
+    """Stands in for the stamps where a source runs without a control block: stamps nothing."""
 
     path = None
 
@@ -248,4 +248,4 @@ class NoSlot:
         return None
 
 
-NO_SLOT = NoSlot()
+NO_STAMPS = NoStamps()

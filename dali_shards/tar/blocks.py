@@ -17,7 +17,7 @@ from typing import List, NamedTuple
 
 import numpy as np
 
-from dali_shards.io.tarheader import BLOCK
+from dali_shards.tar.header import BLOCK
 
 _COLS = np.arange(BLOCK)
 _USTAR = np.frombuffer(b"ustar\0", dtype=np.uint8)

@@ -3,7 +3,7 @@
 The ring's producer offers a slot of at least ``capacity`` bytes and calls ``write(out)``, which
 returns the bytes it took, or raises ``Grow`` when it needs a larger slot (the producer then offers
 one and calls again). ``PackedTable`` is the general case, a mini-batch of packed samples (what
-``SampleLayout.table_array`` writes); ``worker/direct.py`` writes a step's samples straight from
+``Packing.table_array`` writes); ``worker/direct.py`` writes a step's samples straight from
 the shards. Imports no DALI.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dali_shards.worker.layout import Packed, SampleLayout
+from dali_shards.shm.packing import Packed, Packing
 
 
 class Grow(Exception):
@@ -27,18 +27,18 @@ class Grow(Exception):
 class PackedTable:
     """The table of a mini-batch of packed samples."""
 
-    def __init__(self, layout: SampleLayout, samples: Sequence[Packed]):
-        self.layout, self.samples = layout, samples
-        self.capacity = layout.table_size(samples)
+    def __init__(self, packing: Packing, samples: Sequence[Packed]):
+        self.packing, self.samples = packing, samples
+        self.capacity = packing.table_size(samples)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def write(self, out: np.ndarray) -> int:
-        self.layout.table_array(self.samples, out=out[: self.capacity])
+        self.packing.table_array(self.samples, out=out[: self.capacity])
         return self.capacity
 
 
-def as_table(layout: SampleLayout, batch: Any) -> Any:
+def as_table(packing: Packing, batch: Any) -> Any:
     """``batch`` as a table writer: a list of packed samples is wrapped, a writer stays itself."""
-    return batch if hasattr(batch, "write") else PackedTable(layout, batch)
+    return batch if hasattr(batch, "write") else PackedTable(packing, batch)

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from dali_shards.plan.mode import Streaming
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import local_path, open_shard
 from dali_shards.tar.format import TarReader
@@ -29,7 +30,7 @@ def decode_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Opti
     samples within windows by their lengths, a step off the plan)."""
     text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
     match = _FAILED.search(text)
-    if match is None or info.streaming is not None or info.spec.bucket_window:
+    if match is None or isinstance(info.mode, Streaming) or info.spec.bucket_window:
         return None
     slot = int(match.group(1))
     plan = info.plan(epoch)

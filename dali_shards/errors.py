@@ -79,9 +79,9 @@ _MARK = "[dali_shards error: "
 
 class CarriedError(RuntimeError):
     """A worker's dali_shards error on its way through DALI's worker pool (the merge transfer),
-    which passes only the text of an exception on. Its fields ride at the end of the text as one
-    line of JSON (data, never code: a shard's keys and a map's traceback are in that text), and
-    the main process rebuilds the error from the last such line (``from_worker``)."""
+    which passes only the text of an exception on: its ``carried_fields`` ride at the end of the
+    text as one line of JSON, and the main process rebuilds the error from the last such line
+    (``from_worker``)."""
 
     def __init__(self, exc: BaseException, fields: Dict[str, Any]):
         payload = json.dumps(fields).replace("[", "\\u005b")  # no "[" in it: the mark cannot occur inside
@@ -89,23 +89,40 @@ class CarriedError(RuntimeError):
 
 
 def _carried_classes() -> Dict[str, Type[DaliShardsError]]:
-    """The errors that may cross DALI's worker pool, by name."""
+    """The errors that may cross from a worker to the main process, by name."""
     return {c.__name__: c for c in (ShardError, ShardFormatError, ShardAccessError, ShardMapError, ConfigError,
                                      UnknownOptionError, EmptyDatasetError, ManifestNotFound, WorkerError)}  # fmt: skip
 
 
-def carry(exc: BaseException) -> BaseException:
-    """``exc`` made fit to cross DALI's worker pool (a ``CarriedError``); as it is if it is not one
-    of the errors ``from_worker`` rebuilds (the main process then sees DALI's text of it)."""
+def carried_fields(exc: BaseException) -> Optional[Dict[str, Any]]:
+    """How a worker's error crosses to the main process, whichever the transfer: its class name and
+    fields as JSON-able data (data, never code: a shard's keys and a map's traceback are in it);
+    None where it is not one of the errors ``rebuilt`` makes again."""
     name = type(exc).__name__
     if _carried_classes().get(name) is not type(exc):
-        return exc
-    fields: Dict[str, Any]
+        return None
     if isinstance(exc, ShardError):
-        fields = {"class": name, "url": exc.url, "detail": exc.detail, "key": exc.key, "hint": exc.hint}
-    else:
-        fields = {"class": name, "message": str(exc)}
-    return CarriedError(exc, fields)
+        return {"class": name, "url": exc.url, "detail": exc.detail, "key": exc.key, "hint": exc.hint}
+    return {"class": name, "message": str(exc)}
+
+
+def rebuilt(fields: Any) -> Optional[DaliShardsError]:
+    """The error ``carried_fields`` describe (a class of the allowlist only); None if they are not
+    such fields."""
+    try:
+        cls = _carried_classes()[fields["class"]]
+        if issubclass(cls, ShardError):
+            return cls(str(fields["url"]), str(fields["detail"]), key=fields["key"], hint=str(fields["hint"]))
+        return cls(str(fields["message"]))
+    except (KeyError, TypeError):
+        return None
+
+
+def carry(exc: BaseException) -> BaseException:
+    """``exc`` made fit to cross DALI's worker pool (a ``CarriedError``); as it is if it is not one
+    of the errors ``rebuilt`` makes again (the main process then sees DALI's text of it)."""
+    fields = carried_fields(exc)
+    return exc if fields is None else CarriedError(exc, fields)
 
 
 def from_worker(exc: BaseException) -> Optional[BaseException]:
@@ -118,10 +135,7 @@ def from_worker(exc: BaseException) -> Optional[BaseException]:
             continue
         try:
             fields, _ = json.JSONDecoder().raw_decode(text, at + len(_MARK))
-            cls = _carried_classes()[fields["class"]]
-            if issubclass(cls, ShardError):
-                return cls(fields["url"], fields["detail"], key=fields["key"], hint=fields["hint"])
-            return cls(fields["message"])
-        except (ValueError, KeyError, TypeError):  # a damaged text: DALI's own error stands
+        except ValueError:  # a damaged text: DALI's own error stands
             return None
+        return rebuilt(fields)
     return None

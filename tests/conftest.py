@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from dali_shards.sample_data import DEFAULT_SHARD_SIZES, write_sample_shards
+from dali_shards.sample_data import DEFAULT_SHARD_SIZES
+from dali_shards.testing.shards import write_shards
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 TIERS = ("unit", "pipeline", "integration")
@@ -23,12 +24,27 @@ def mnist_shard():
 def photo_shards(tmp_path_factory):
     """The 47 built-in photos in 5 shards of uneven sizes, one of them empty."""
     out = tmp_path_factory.mktemp("photos")
-    paths = write_sample_shards(str(out), shard_sizes=DEFAULT_SHARD_SIZES)
+    paths = write_shards(out, DEFAULT_SHARD_SIZES)
     return {
         "paths": paths,
         "pattern": os.path.join(str(out), "sample-{000000..000004}.tar"),
         "total": sum(DEFAULT_SHARD_SIZES),
     }
+
+
+@pytest.fixture(scope="session")
+def make_shards(tmp_path_factory):
+    """A factory of test shards: ``make_shards(sizes, sample=None, *, folder=None, prefix="sample",
+    name=None, manifest=False)`` writes ``dali_shards.testing.shards.write_shards`` into ``folder``
+    (by default a new temporary folder) and returns the paths. Session-scoped, so that fixtures of
+    any scope use it; a test that changes the shards it gets makes its own (``folder=tmp_path``)."""
+
+    def make(sizes, sample=None, *, folder=None, **kw):
+        if folder is None:
+            folder = tmp_path_factory.mktemp(kw.get("prefix", "shards"))
+        return write_shards(folder, sizes, sample, **kw)
+
+    return make
 
 
 def _tier(item) -> str:

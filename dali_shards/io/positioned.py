@@ -19,7 +19,8 @@ import numpy as np
 
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.io.storage import open_local
-from dali_shards.tar.format import Destination, RawSample, TarReader
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.members import Destination, RawSample
 
 MAX_OPEN = 256  # local shard files a worker keeps open (fewer if the process's file limit is low)
 _STALE_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"

@@ -186,7 +186,7 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
         history.append(entry)
         for key in ("world_size", "num_workers", "batch_size"):
             top = MAX_STATE[key]
-            _want(entry, key, lambda v: _is_int(v) and 1 <= v <= top, f"an integer in 1..{top}", where)
+            _want(entry, key, lambda v, top=top: _is_int(v) and 1 <= v <= top, f"an integer in 1..{top}", where)
         _want(entry, "shuffle_buffer", lambda v: _is_int(v) and v >= 1, "an integer >= 1", where)
         _want(entry, "shuffle_block", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         _want(entry, "bucket_window", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)

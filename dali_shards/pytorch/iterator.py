@@ -14,29 +14,14 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
 from dali_shards.pytorch.plancheck import check_same_plan, plan_summary
-from dali_shards.errors import ConfigError, DaliShardsError, WorkerError
-from dali_shards.decode_failure import decode_failure
+from dali_shards.errors import ConfigError, WorkerError
 from dali_shards.pipeline.decorator import pipeline_info
+from dali_shards.plan.mode import Streaming
 from dali_shards.supervise import Watchdog
-from dali_shards.pids import describe_exit
-from dali_shards.pytorch.outputs import BatchOutputs, device_of, select
+from dali_shards.pytorch.failures import guarded
+from dali_shards.pytorch.outputs import STATUS_OUTPUT, BatchOutputs, check_output_map, device_of, select
 
 log = logging.getLogger(__name__)
-STATUS_OUTPUT = "__dali_shards_status__"
-
-
-def check_output_map(names: Sequence[str], outputs: int) -> None:
-    """A ConfigError unless ``names`` gives one distinct name to each of the pipeline's ``outputs``."""
-    if len(names) != outputs:
-        raise ConfigError(
-            f"output_map has {len(names)} name{'s' * (len(names) != 1)} ({list(names)}) but the pipeline "
-            f"function returns {outputs} output{'s' * (outputs != 1)}: give one name per returned output, in order"
-        )
-    repeated = sorted({n for n in names if list(names).count(n) > 1})
-    if repeated:
-        raise ConfigError(f"output_map names {repeated} more than once: each output needs its own name")
-    if STATUS_OUTPUT in names:
-        raise ConfigError(f"output_map may not use {STATUS_OUTPUT!r}: the iterator's own output has that name")
 
 
 class DALIShardedIterator(DALIGenericIterator):
@@ -124,7 +109,7 @@ class DALIShardedIterator(DALIGenericIterator):
                 "pipeline (call the @sharded_pipeline function again) for a second iterator, or reuse the first one"
             )
         pipeline._dali_shards_iterated = True  # type: ignore[attr-defined]  # our marker on DALI's Pipeline
-        if self.audit and self.info.streaming is not None:
+        if self.audit and isinstance(self.info.mode, Streaming):
             raise ConfigError(
                 "audit=True checks exactly-once delivery, which the streaming mode (samples_per_epoch=) "
                 "does not promise; give the shards' sample counts (a manifest) to audit"
@@ -291,62 +276,12 @@ class DALIShardedIterator(DALIGenericIterator):
             log.warning("dali_shards: audit of epoch %d: %s", self.epoch, report)
 
     def _guarded(self, call):
-        """Run a DALI call; turn worker failures into errors that say what happened, and kill the
-        pipeline's workers when anything but the end of the epoch escapes it.
-
-        A worker that died is looked for before the call too: DALI would block forever handing
-        the dead worker its next task (its queue's lock dies with it)."""
-        transfer = self.info.transfer
-        if self.info.control is not None:
-            self.info.control.unlink_once_attached()
-        dead = transfer.dead()
-        if dead:
-            transfer.kill()
-            raise self._worker_error(dead)
-        if self._watchdog is not None:
-            self._watchdog.begin()
-        try:
-            return call()
-        except StopIteration:
-            raise
-        except DaliShardsError as exc:  # a worker's error, as it was raised there (the ring carries it whole)
-            transfer.kill()
-            if transfer.lost_worker(exc):  # said with the watchdog's verdict and every dead worker
-                raise self._worker_error(transfer.dead()) from exc
-            raise
-        except Exception as exc:  # the merge transfer's DALI re-raises worker errors as plain exceptions
-            dead = transfer.dead()
-            transfer.kill()
-            carried = transfer.translate(exc)  # the worker's own error object: DALI's text of it adds nothing
-            if carried is not None:
-                raise carried from None
-            ours = decode_failure(exc, self.info, self.epoch, self._fetching_step())
-            if ours is not None:
-                raise ours from exc
-            if dead or transfer.lost_worker(exc):
-                raise self._worker_error(transfer.dead() or dead) from exc
-            raise
-        except BaseException:  # Ctrl-C, SIGTERM (see supervise), SystemExit: exit must not wait on workers
-            transfer.kill()
-            raise
-        finally:
-            if self._watchdog is not None:
-                self._watchdog.end()
+        """Run a DALI call, its failures said in our words (``failures.guarded``)."""
+        return guarded(self, call)
 
     def _fetching_step(self) -> int:
         """The step of the batch a DALI call in progress fetches (the first batch is fetched ahead)."""
         return self._step + (1 if getattr(self, "_first_batch", None) is not None else 0)  # fetched ahead by DALI
-
-    def _worker_error(self, dead) -> WorkerError:
-        reason = self._watchdog.reason if self._watchdog is not None else None
-        if reason is not None:
-            return WorkerError(f"{reason}. Restart from the last state_dict() to continue the epoch")
-        codes = ", ".join(f"pid {pid}: {describe_exit(code)}" for pid, code in dead) or "unknown"
-        return WorkerError(
-            f"a dali_shards worker process of rank {self.info.rank} stopped ({codes}). If it was killed for "
-            "memory, lower shuffle_buffer or batch_size; otherwise see the worker's output above. Restart from "
-            "the last state_dict() to continue the epoch"
-        )
 
     def _apply_mask(self, batch: Dict[str, Any], step: int) -> Dict[str, Any]:
         if self._status:

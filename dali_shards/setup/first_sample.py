@@ -16,9 +16,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard
-from dali_shards.tar.format import RawSample, TarReader
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.members import RawSample
 from dali_shards.options import OnError, ShardedOptions, Transfer
-from dali_shards.shm.packing import SPECIAL_FIELDS, Packing, check_npy_dtype
+from dali_shards.shm.packing import SPECIAL_FIELDS, Packing
+from dali_shards.worker.outputs import check_npy_dtype
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs

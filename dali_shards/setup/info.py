@@ -42,15 +42,15 @@ class ShardedPipelineInfo:
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
-    # packing, resume_plan and streaming spec (None in the planned mode), as attributes
+    # packing, resume_plan and mode, as attributes
     options = _resolved("options")
-    spec = _resolved("spec")
+    spec = _resolved("spec", "the plan spec steps, masks and states follow")
+    mode = _resolved("mode", "how epochs are delivered: ``plan.mode.Planned`` or ``Streaming``")
     rank = _resolved("rank")
     start_epoch = _resolved("start_epoch")
     shards = _resolved("shards")
     packing = _resolved("packing")
     resume_plan = _resolved("resume_plan")
-    streaming = _resolved("streaming", "the streaming mode's spec (None: planned mode)")
 
     @property
     def plan_version(self) -> int:

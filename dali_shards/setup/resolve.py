@@ -19,6 +19,7 @@ from dali_shards.io.filesystems import is_remote
 from dali_shards.options import ShardedOptions, option_default
 from dali_shards.catalog.table import SampleTables
 from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.mode import Mode, Planned, Streaming
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.plan.resume import resume_point
@@ -42,9 +43,9 @@ SLOT_META_BYTES = 128  # shared memory a batch slot takes beyond its sample
 class Resolved:
     """What a sharded pipeline reads and how, before any DALI object exists.
 
-    ``spec`` is the plan spec (in the streaming mode, ``streaming.as_plan_spec()``); a resumed
-    pipeline starts at ``start_epoch`` with ``resume_plan`` (the rest of that epoch), and
-    ``resume_prior`` lists the layouts that ran in that epoch before it.
+    ``mode`` says how epochs are delivered (``plan.mode``); ``spec`` is the plan spec that steps,
+    masks and states follow. A resumed pipeline starts at ``start_epoch`` with ``resume_plan`` (the
+    rest of that epoch), and ``resume_prior`` lists the layouts that ran in that epoch before it.
     """
 
     options: ShardedOptions
@@ -53,14 +54,18 @@ class Resolved:
     shards: Tuple[ShardInfo, ...]
     dataset: DatasetId
     packing: Packing
-    spec: PlanSpec
-    streaming: Optional[StreamingSpec]
+    mode: Mode
     start_epoch: int
     resume_plan: Optional[Plan]
     resume_prior: Tuple[Dict[str, Any], ...]
     workers: Tuple[WorkerConfig, ...]
     bytes_per_sample_hint: Optional[int]
     lengths: Optional[SampleLengths] = None  # bucketing: samples' lengths, read in this process
+
+    @property
+    def spec(self) -> PlanSpec:
+        """The plan spec steps, valid masks and resume states follow."""
+        return self.mode.steps_spec
 
     @property
     def steps_before(self) -> int:
@@ -96,12 +101,14 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
     if options.resume_from is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
-    first_steps = None
-    if streaming is not None and resume_plan is not None:
-        first_steps = resume_plan.steps - resume_plan.start_step
+    if streaming is None:
+        mode: Mode = Planned(spec, resume_plan)
+    else:
+        first = None if resume_plan is None else resume_plan.steps - resume_plan.start_step
+        mode = Streaming(streaming, spec, first)
     first_worker = WorkerConfig(
         worker=0,
-        spec=streaming if streaming is not None else spec,
+        mode=mode,
         rank=rank,
         urls=tuple(s.url for s in shards),
         byte_sizes=tuple(s.bytes for s in shards),
@@ -114,8 +121,6 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         image_check=options.image_check,
         storage=options.storage,
         start_epoch=start_epoch,
-        resume_plan=None if streaming is not None else resume_plan,
-        first_steps=first_steps,
         shuffle_buffer=options.shuffle_buffer,
     )
     return Resolved(
@@ -125,8 +130,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         shards=shards,
         dataset=dataset,
         packing=packing,
-        spec=spec,
-        streaming=streaming,
+        mode=mode,
         start_epoch=start_epoch,
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),

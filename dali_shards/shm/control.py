@@ -16,6 +16,7 @@ Imports no DALI.
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import mmap
 import os
@@ -29,13 +30,43 @@ from dali_shards.pids import pid_alive
 from dali_shards.options import option_default
 
 _MAGIC = b"DSCTL001"
-_HEADER = struct.Struct("<8sqq")  # magic, owner pid, workers
-_HEADER_SIZE = 64
-_SLOT = struct.Struct("<qddqqqqq")  # pid, alive, progress, busy, epoch, step, produced, shard
-_SLOT_SIZE = 64
-_CUT_AT = 32  # offset of the cut word in the header: (epoch + 1) << 32 | step, 0 = none
 _PREFIX = "dali-shards-"
 _SUFFIX = ".ctl"
+
+
+class Header(ctypes.Structure):
+    """The block's first 64 bytes."""
+
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("owner", ctypes.c_int64),  # the main process's pid
+        ("workers", ctypes.c_int64),  # records that follow
+        ("reserved", ctypes.c_int64),
+        ("cut", ctypes.c_int64),  # (epoch + 1) << 32 | step: the epoch ends after that step (0: none)
+        ("padding", ctypes.c_int64 * 3),
+    ]
+
+
+class Record(ctypes.Structure):
+    """One worker's 64 bytes, after the header (the fields of ``WorkerStatus``, in its order)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_int64),
+        ("alive", ctypes.c_double),  # time.monotonic() of its last heartbeat
+        ("progress", ctypes.c_double),  # ... of the last sample read or batch finished
+        ("busy", ctypes.c_int64),  # 1 while a batch is being produced
+        ("epoch", ctypes.c_int64),
+        ("step", ctypes.c_int64),  # batches of ``epoch`` produced
+        ("produced", ctypes.c_int64),  # batches produced in all
+        ("shard", ctypes.c_int64),  # the shard it reads (-1: none yet)
+    ]
+
+
+assert ctypes.sizeof(Header) == ctypes.sizeof(Record) == 64
+
+
+def _record_at(worker: int) -> int:
+    return ctypes.sizeof(Header) + ctypes.sizeof(Record) * worker
 
 
 class WorkerStatus(NamedTuple):
@@ -130,7 +161,7 @@ class ControlBlock:
         dead processes are removed first)."""
         fd, path, named = _new_file(directory)
         try:
-            size = _HEADER_SIZE + _SLOT_SIZE * py_num_workers
+            size = _record_at(py_num_workers)
             os.ftruncate(fd, size)
             block = cls(path, py_num_workers, worker_prefetch, worker_timeout)
             block._map = mmap.mmap(fd, size)
@@ -145,17 +176,15 @@ class ControlBlock:
         block._finalizer = weakref.finalize(
             block, _release, path if named else None, block._map, None if named else fd, block.owner_pid
         )
-        _HEADER.pack_into(block._map, 0, _MAGIC, os.getpid(), py_num_workers)
+        block._map[: ctypes.sizeof(Header)] = bytes(Header(magic=_MAGIC, owner=os.getpid(), workers=py_num_workers))
         return block
 
     def snapshot(self) -> List[WorkerStatus]:
         """Every worker's last stamps."""
         if self._map is None:
             return []
-        return [
-            WorkerStatus(w, *_SLOT.unpack_from(self._map, _HEADER_SIZE + _SLOT_SIZE * w))
-            for w in range(self.py_num_workers)
-        ]
+        records = (Record.from_buffer_copy(self._map, _record_at(w)) for w in range(self.py_num_workers))
+        return [WorkerStatus(w, *(getattr(r, field[0]) for field in Record._fields_)) for w, r in enumerate(records)]
 
     def unlink_once_attached(self) -> bool:
         """Remove the block's file once every worker has mapped it (its record carries a pid): the
@@ -176,7 +205,7 @@ class ControlBlock:
         if not 0 <= step < 1 << 32 or not 0 <= epoch < (1 << 31) - 1:
             raise ValueError(f"cannot cut epoch {epoch} at step {step}")
         if self._map is not None:
-            struct.pack_into("<q", self._map, _CUT_AT, (epoch + 1) << 32 | step)
+            struct.pack_into("<q", self._map, Header.cut.offset, (epoch + 1) << 32 | step)
 
     def remove(self) -> None:
         """Unmap and delete the block (only in the process that created it)."""
@@ -191,39 +220,42 @@ class WorkerStamps:
     def __init__(self, path: str, worker: int):
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), 0)
-        magic, _, workers = _HEADER.unpack_from(self._map, 0)
-        if magic != _MAGIC or not 0 <= worker < workers:
+        header = Header.from_buffer_copy(self._map, 0)
+        if header.magic != _MAGIC or not 0 <= worker < header.workers:
             raise ValueError(f"{path} is not a dali_shards control block with a record for worker {worker}")
         self.path = path
-        self._at = _HEADER_SIZE + _SLOT_SIZE * worker
-        self._epoch = 0
-        self._step = 0
+        self._record = Record.from_buffer(self._map, _record_at(worker))  # written in place, field by field
         self._produced = 0
-        _SLOT.pack_into(self._map, self._at, os.getpid(), time.monotonic(), 0.0, 0, 0, 0, 0, -1)
+        record = self._record
+        record.alive, record.progress, record.shard = time.monotonic(), 0.0, -1
+        record.pid = os.getpid()  # last: a record with a pid is attached
 
     def beat(self) -> None:
         """The process is alive (from its heartbeat thread)."""
-        struct.pack_into("<d", self._map, self._at + 8, time.monotonic())
+        self._record.alive = time.monotonic()
 
     def progress(self, shard: Optional[int] = None) -> None:
         """A sample was read (or a shard is being opened: ``shard``)."""
-        struct.pack_into("<d", self._map, self._at + 16, time.monotonic())
+        self._record.progress = time.monotonic()
         if shard is not None:
-            struct.pack_into("<q", self._map, self._at + 56, shard)
+            self._record.shard = shard
 
     def begin(self, epoch: int, step: int) -> None:
         """Batch ``step`` of ``epoch`` is being produced."""
-        self._epoch, self._step = epoch, step
-        struct.pack_into("<dqqq", self._map, self._at + 16, time.monotonic(), 1, epoch, step)
+        record = self._record
+        record.epoch, record.step, record.busy = epoch, step, 1
+        record.progress = time.monotonic()
 
     def end(self, epoch: int, step: int, produced: bool = True) -> None:
         """``step`` batches of ``epoch`` are done (``produced``: one more was just made)."""
         self._produced += produced
-        struct.pack_into("<dqqqq", self._map, self._at + 16, time.monotonic(), 0, epoch, step, self._produced)
+        record = self._record
+        record.epoch, record.step, record.produced, record.busy = epoch, step, self._produced, 0
+        record.progress = time.monotonic()
 
     def cut_step(self, epoch: int) -> Optional[int]:
         """The step at which ``epoch`` was cut short by the main process, if it was."""
-        (word,) = struct.unpack_from("<q", self._map, _CUT_AT)
+        (word,) = struct.unpack_from("<q", self._map, Header.cut.offset)
         return word & 0xFFFF_FFFF if word and (word >> 32) - 1 == epoch else None
 
 

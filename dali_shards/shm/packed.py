@@ -25,6 +25,11 @@ STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
 EMPTY = np.empty((0,), dtype=np.uint8)
 
 
+def table_rows(table: np.ndarray, count: int, columns: int) -> np.ndarray:
+    """The header rows at the start of a table of ``count`` samples (``columns`` int64 each): a view."""
+    return table[: count * 8 * columns].view(np.int64).reshape(count, columns)
+
+
 def table_place(worker: int, py_num_workers: int, mini_batch: int) -> int:
     """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
     return (worker + 1) % py_num_workers * mini_batch
@@ -34,7 +39,12 @@ def table_place(worker: int, py_num_workers: int, mini_batch: int) -> int:
 class FieldSpec:
     """One field that travels: its name, kind (payload, bytes, int, array, key, index, valid), the
     extensions that may provide it (first present wins, as in ``"jpg;png"``; none for a ``map``'s
-    outputs), its first header slot, and for arrays (and an array payload) dtype and dimensions."""
+    outputs), its first header column, and for arrays (and an array payload) dtype and dimensions.
+
+    Its columns in a sample's header row, by name: an integer's ``column`` holds its value; bytes,
+    keys and arrays hold where their bytes lie (``offset_column``, ``length_column``), arrays then
+    their shape (``shape_columns``; the payload, which travels in a place of its own, only its shape);
+    the index and the status have the row's first two columns (``INDEX_COLUMN``, ``VALID_COLUMN``)."""
 
     name: str
     kind: FieldKind
@@ -42,6 +52,19 @@ class FieldSpec:
     column: int
     dtype: Optional[str] = None
     ndim: Optional[int] = None
+
+    @property
+    def offset_column(self) -> int:
+        return self.column
+
+    @property
+    def length_column(self) -> int:
+        return self.column + 1
+
+    @property
+    def shape_columns(self) -> slice:
+        first = self.column + (0 if self.kind == FieldKind.PAYLOAD else 2)
+        return slice(first, first + (self.ndim or 0))
 
     @property
     def columns(self) -> int:

@@ -32,12 +32,12 @@ import numpy as np
 
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.fields import FieldInfo, FieldKind
-from dali_shards.tar.format import RawSample
+from dali_shards.tar.members import RawSample
 from dali_shards.tar.header import printable
 from dali_shards.options import ImageCheck, option_default
 from dali_shards.worker.decoders import decode_int, decode_npy
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, image_problem
-from dali_shards.worker.outputs import DALI_DTYPES, OutputSpec
+from dali_shards.worker.outputs import OutputSpec, check_carried_type, check_npy_dtype
 from dali_shards.shm.packed import (  # noqa: F401 - the packing's vocabulary, imported from here too
     EMPTY,
     INDEX,
@@ -54,34 +54,13 @@ from dali_shards.shm.packed import (  # noqa: F401 - the packing's vocabulary, i
     array_type,
     input_spec,
     output_kind,
+    table_rows,
     table_place,
 )
 
 def _aligned(size: int) -> int:
     """``size`` rounded up to a multiple of 8."""
     return (size + 7) & ~7
-
-
-CARRIED = ", ".join(sorted(DALI_DTYPES))  # the dtypes an array travels as, for messages
-
-
-def _check_carried_type(name: str, dtype: str) -> None:
-    """A ConfigError unless an array of ``dtype`` can go to DALI (the first sample's checks make
-    sure it can: this guards the transfers, which take only those)."""
-    if dtype not in DALI_DTYPES:
-        raise ConfigError(f"field {name!r} would travel as a {dtype} array, which DALI cannot carry (only {CARRIED})")
-
-
-def check_npy_dtype(sample: RawSample, name: str, array: np.ndarray) -> np.ndarray:
-    """``array``, field ``name`` of ``sample`` read from an ``.npy`` member (no ``map``), if DALI
-    can carry its dtype; a ShardFormatError naming the field, the shard and the sample otherwise."""
-    if array.dtype.name not in DALI_DTYPES:
-        raise ShardFormatError(
-            sample.url, f"field {name!r} is a .npy array of dtype {array.dtype}, which DALI cannot carry",
-            key=sample.key, hint=f"store it as one of {CARRIED} (e.g. a.astype(np.float32); complex numbers as a "
-            "last axis of 2, np.stack([a.real, a.imag], -1)), convert it in a map=, or pass on_error='skip' to skip it",
-        )  # fmt: skip
-    return array
 
 
 class Packing:
@@ -117,7 +96,7 @@ class Packing:
             dtype, ndim = None, None
             if kind == FieldKind.ARRAY:
                 dtype, ndim = (arrays.get(name) or ("uint8", 1)) if outputs is None else array_type(outputs, name)
-                _check_carried_type(name, dtype)
+                check_carried_type(name, dtype)
             if name == payload and table:
                 if kind not in (FieldKind.BYTES, FieldKind.ARRAY):
                     raise ConfigError(f"payload field {payload!r} must be a member's bytes or an array, not {kind}")
@@ -222,8 +201,7 @@ class Packing:
                 data = values[spec.name]
                 if spec.dtype is not None:  # an array: its shape in the header, its bytes travel
                     data = np.ascontiguousarray(data)
-                    dims = spec.column + (0 if kind == FieldKind.PAYLOAD else 2)
-                    header[dims : dims + data.ndim] = data.shape
+                    header[spec.shape_columns] = data.shape
                     data = data.reshape(-1).view(np.uint8)
                 if kind == FieldKind.PAYLOAD:
                     payload = data
@@ -283,7 +261,7 @@ class Packing:
         from the table's start); written into ``out`` (uint8, ``table_size`` bytes) if given."""
         rows = len(samples) * self.header_bytes
         table = np.empty(self.table_size(samples), dtype=np.uint8) if out is None else out
-        headers = table[:rows].view(np.int64).reshape(len(samples), self.header_columns)
+        headers = table_rows(table, len(samples), self.header_columns)
         view = memoryview(table)  # type: ignore[arg-type]  # numpy's stubs: a Buffer only on Python 3.12+
         offset = rows
         for i, p in enumerate(samples):

@@ -11,11 +11,10 @@ members nobody asked for (seeking when the stream allows it).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Collection, Dict, Iterator, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Collection, Iterator, Optional, Tuple
 
 from dali_shards.errors import ShardFormatError
+from dali_shards.tar.members import KEY_EXT, Destination, Member, RawSample, is_metadata, split_key
 from dali_shards.tar.header import (
     BLOCK,
     SPARSE_HINT,
@@ -23,6 +22,7 @@ from dali_shards.tar.header import (
     check_not_sparse,
     decode_name,
     header_name,
+    header_start,
     parse_number,
     parse_pax,
     pax_size,
@@ -30,76 +30,12 @@ from dali_shards.tar.header import (
 )
 
 READ_CHUNK = 16 << 20  # a member is read at most this much at a time: memory follows the bytes present
-_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_META = re.compile(r"__[^/]*__($|/)")
 _REGULAR_FLAGS = frozenset(b"0\x007")  # regular file ("0", NUL) and contiguous file ("7")
 _NO_DATA_FLAGS = frozenset(b"123456")  # links, devices, directories, FIFOs: no data (as tarfile)
 
 
-def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
-    """(key, extension) of a member name, or (None, None) if it has no extension."""
-    m = _KEY_EXT.match(name)
-    if m is None:
-        return None, None
-    return m.group(1), m.group(2).lower()
-
-
-def is_metadata(name: str) -> bool:
-    """True for WebDataset metadata members, which are not part of any sample."""
-    return bool(_META.match(name)) or ("/" not in name and name.startswith("__") and name.endswith("__"))
-
-
-class Member:
-    """One regular tar member: its name, the offset of its header, its data size, and ``start``:
-    where reading must begin to reach it (before its long-name or pax headers, and before any
-    non-sample member passed over on the way)."""
-
-    __slots__ = ("name", "header_offset", "size", "start")
-
-    def __init__(self, name: str, header_offset: int, size: int, start: Optional[int] = None):
-        self.name = name
-        self.header_offset = header_offset
-        self.size = size
-        self.start = header_offset if start is None else start
-
-    def __repr__(self) -> str:
-        return f"Member({self.name!r}, header_offset={self.header_offset}, size={self.size})"
-
-
-@dataclass
-class RawSample:
-    """One sample of a shard: its key, position in the shard, and the data of selected members
-    (bytes, or the buffer a ``Destination`` supplied). ``extra`` is free for a destination's
-    bookkeeping."""
-
-    key: str
-    position: int
-    url: str
-    data: Dict[str, Any] = field(default_factory=dict)
-    extensions: list = field(default_factory=list)
-    extra: Any = None
-    error: Optional[str] = None  # what is wrong with the sample, if anything (e.g. a duplicate member)
-    hint: str = ""
-
-
-# Where to read a member's data: given (sample, extension, size), a writable buffer of that size,
-# or None for a new bytes object.
-Destination = Callable[[RawSample, str, int], Optional[Any]]
-
 _TRUNCATED_HINT = "the shard was cut short (interrupted copy or download); re-create it"
 _NOT_TAR_HINT = "check that the file is a tar shard (one cut short by an interrupted copy or download: re-create it)"
-
-
-_OCTAL = frozenset(b"01234567 \0")
-
-
-def _header_start(partial: bytes) -> bool:
-    """True if ``partial`` (less than a block) begins like a tar header: its numeric fields up to
-    the checksum (mode, uid, gid, size, mtime) are there and read as numbers."""
-    if len(partial) < 148:
-        return False
-    fields = (partial[100:108], partial[108:116], partial[116:124], partial[124:136], partial[136:148])
-    return all(f[0] & 0x80 or set(f) <= _OCTAL for f in fields)
 
 
 class TarReader:
@@ -254,7 +190,7 @@ class TarReader:
     def _short(self, offset: int, hdr: bytes) -> ShardFormatError:
         """The error of a header block cut short: a truncated archive, or (at byte 0, unless the
         bytes there begin like a tar header) a file that is no tar archive."""
-        if offset == 0 and hdr and not _header_start(hdr):
+        if offset == 0 and hdr and not header_start(hdr):
             detail = f"not a tar archive: no valid tar header at byte 0 (it holds only {len(hdr)} bytes, less than one)"
             return ShardFormatError(self.url, detail, hint=_NOT_TAR_HINT)
         where = "inside its first header" if offset == 0 else "without the end-of-archive marker"
@@ -338,7 +274,7 @@ class TarReader:
         current: Optional[RawSample] = None
         position = self._first - 1
         taking = False
-        key_ext = _KEY_EXT.match
+        key_ext = KEY_EXT.match
         next_member, skip_data, read_data, read_into = self.next_member, self.skip_data, self.read_data, self.read_into
         while True:
             member = next_member()

@@ -111,3 +111,15 @@ def check_not_sparse(url: str, pax: Dict[str, str], name: str, offset: int) -> N
         raise ShardFormatError(
             url, f"member {printable(real)!r} at byte {offset} is a sparse file, which is not supported", hint=SPARSE_HINT
         )
+
+
+_OCTAL = frozenset(b"01234567 \0")
+
+
+def header_start(partial: bytes) -> bool:
+    """True if ``partial`` (less than a block) begins like a tar header: its numeric fields up to
+    the checksum (mode, uid, gid, size, mtime) are there and read as numbers."""
+    if len(partial) < 148:
+        return False
+    fields = (partial[100:108], partial[108:116], partial[116:124], partial[124:136], partial[136:148])
+    return all(f[0] & 0x80 or set(f) <= _OCTAL for f in fields)

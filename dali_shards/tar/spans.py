@@ -16,7 +16,7 @@ import struct
 import zlib
 from typing import Any, Collection, Optional
 
-from dali_shards.tar.format import RawSample, split_key
+from dali_shards.tar.members import RawSample, split_key
 from dali_shards.tar.header import BLOCK, decode_name
 
 # name, (mode, uid, gid skipped), size, (mtime skipped), checksum, typeflag; then magic and prefix

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -42,15 +42,41 @@ def worker_peak_rss(pipe: Any) -> float:
     return max(peaks)
 
 
-def index_pipeline(source: Any, **options: Any) -> Any:
-    """A sharded pipeline factory delivering ``__index__``, ``__valid__`` and the ``jpg`` bytes (CPU)."""
+def parameter_name(field: str) -> str:
+    """A field's name as a Python parameter: ``__index__`` -> ``index``, ``jpg;png`` -> ``jpg_png``."""
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in field.strip("_"))
+    return name if name.isidentifier() else f"f_{name}"
+
+
+def identity_pipeline(
+    source: Any,
+    fields: Sequence[str],
+    *,
+    outputs: Union[str, Sequence[str], None] = None,
+    returns: Union[str, Sequence[str], None] = None,
+    body: Optional[Callable[..., Any]] = None,
+    **options: Any,
+) -> Any:
+    """A ``@sharded_pipeline`` factory over ``fields`` (on the CPU with one thread, unless
+    ``options`` say otherwise). Its function, ``pipe``, takes ``outputs`` (names, as a sequence or a
+    space-separated string; by default one per field, ``parameter_name(field)``; with ``map=``, the
+    map's outputs) and returns those named in ``returns`` (by default all, as given), or, with
+    ``body``, ``body(*outputs)`` (a DALI graph on them)."""
     from dali_shards import sharded_pipeline
 
-    @sharded_pipeline(source, fields=("__index__", "__valid__", "jpg"), num_threads=1, device_id=None, **options)
-    def pipe(index, valid, jpg):
-        return index, valid, jpg
+    names = outputs.split() if isinstance(outputs, str) else list(outputs or map(parameter_name, fields))
+    returned = returns.split() if isinstance(returns, str) else list(returns or names)
+    assert set(returned) <= set(names), f"returns {returned} not among the outputs {names}"
+    scope: Dict[str, Any] = {"body": body}
+    result = f"body({', '.join(names)})" if body is not None else ", ".join(returned) + ","
+    exec(f"def pipe({', '.join(names)}):\n    return {result}\n", scope)
+    options = {"fields": tuple(fields), "num_threads": 1, "device_id": None, **options}
+    return sharded_pipeline(source, **options)(scope["pipe"])
 
-    return pipe
+
+def index_pipeline(source: Any, **options: Any) -> Any:
+    """A sharded pipeline factory delivering ``__index__``, ``__valid__`` and the ``jpg`` bytes (CPU)."""
+    return identity_pipeline(source, ("__index__", "__valid__", "jpg"), **options)
 
 
 def epochs_by_rank(make: Any, world: int, epochs: int = 2) -> Tuple[List[Counter], Dict[int, bytes], List[List[int]], list]:
@@ -71,3 +97,16 @@ def epochs_by_rank(make: Any, world: int, epochs: int = 2) -> Tuple[List[Counter
                         seen[e][int(i)] += 1
                         data[int(i)] = b.tobytes()
     return seen, data, steps, pipes
+
+
+def assert_exactly_once(seen: Sequence[Counter], total: int) -> None:
+    """Every epoch in ``seen`` (a Counter of valid indices per epoch, as ``epochs_by_rank`` gives)
+    holds each index of ``range(total)`` once."""
+    for epoch in seen:
+        assert sorted(epoch) == list(range(total)) and max(epoch.values()) == 1
+
+
+def jpg_bytes(source: Any) -> Dict[int, bytes]:
+    """``{__index__: jpg bytes}`` of one epoch of ``source`` read by one rank and one worker (the
+    reference a remote or interleaved read is compared with)."""
+    return epochs_by_rank(index_pipeline(source, batch_size=4, py_num_workers=1), 1, epochs=1)[1]

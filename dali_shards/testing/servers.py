@@ -1,8 +1,6 @@
 """Local servers for tests and benchmarks of remote reading: an HTTP file server with range
-requests and fault injection, a TCP proxy that delays or cuts connections, and moto's S3 server.
-
-Nothing here is used by the loader itself; ``moto`` is only imported by :func:`start_s3_server`.
-"""
+requests and fault injection, a TCP proxy that delays or cuts connections, and moto's S3 server
+(``moto`` imported only by :func:`start_s3_server`; nothing here is used by the loader itself)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import io
 import tarfile
-from typing import Any, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
+
+
+def read_samples(path: Any, **kw: Any) -> List[Tuple[str, Dict[str, bytes]]]:
+    """(key, {extension: bytes}) of every sample our tar reader reads in ``path`` (any compression);
+    ``kw`` go to ``TarReader.samples`` (``want``, ``start``, ``stop``)."""
+    from dali_shards.io.storage import open_shard
+    from dali_shards.tar.format import TarReader
+
+    with open_shard(str(path)) as f:
+        return [(s.key, dict(s.data)) for s in TarReader(f, str(path)).samples(**kw)]
+
 
 def make_tar(path: Any, members: Sequence[Tuple[str, Any]], fmt: int = tarfile.GNU_FORMAT, mode: str = "w") -> str:
     """members: (name, bytes) for files, (name, None) for directories, (name, "->target") links."""

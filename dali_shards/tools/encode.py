@@ -19,7 +19,7 @@ from typing import Any, Iterable, List, Union
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.tar.format import is_metadata, split_key
+from dali_shards.tar.members import is_metadata, split_key
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS
 
 Value = Union[bytes, bytearray, memoryview, str, int, float, dict, list, tuple, np.ndarray, np.generic]

@@ -11,7 +11,7 @@ import numpy as np
 from dali_shards.catalog.table import SampleTables
 from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import PlanSpec
-from dali_shards.plan.resume import Plan
+from dali_shards.plan.mode import Mode, Planned
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.shm.packing import Packing
 from dali_shards.worker.stage import SampleStage
@@ -21,9 +21,8 @@ from dali_shards.worker.stage import SampleStage
 class WorkerConfig:
     """Local worker ``worker`` of ``rank``: its plan, its shards, how it reads and packs them.
 
-    ``spec`` is a ``PlanSpec`` (planned mode) or a ``StreamingSpec`` (streaming mode). A resumed
-    pipeline's first epoch is ``resume_plan`` (planned mode) or ``first_steps`` long (streaming
-    mode). ``control`` is the path of the pipeline's control block (None: no supervision).
+    ``mode`` says how epochs are delivered (``plan.mode``: ``Planned`` or ``Streaming``, with a
+    resumed pipeline's first epoch). ``control`` is the path of the pipeline's control block (None: no supervision).
     ``offsets`` holds, per shard, where each sample begins and the last one ends (see
     ``catalog.shardinfo.ShardInfo``), or None where not in memory; ``key_crc``, per shard, each
     sample's key fingerprint where known (checked as samples are read); ``tables``, the sample tables
@@ -32,7 +31,7 @@ class WorkerConfig:
     ``stage`` decodes, maps and measures samples (default: the packing's packing alone).
     """
 
-    spec: Union[PlanSpec, StreamingSpec]
+    mode: Mode
     rank: int
     worker: int
     urls: Tuple[str, ...]
@@ -46,8 +45,6 @@ class WorkerConfig:
     image_check: ImageCheck = ImageCheck(option_default("image_check"))
     storage: StorageOptions = field(default_factory=StorageOptions)
     start_epoch: int = 0
-    resume_plan: Optional[Plan] = None
-    first_steps: Optional[int] = None
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
 
@@ -86,8 +83,17 @@ class WorkerConfig:
         return self._record(shard)[1]
 
     def _record(self, shard: int) -> Tuple[Optional[np.ndarray], np.ndarray]:
-        assert isinstance(self.spec, PlanSpec)  # tables come with counted shards
-        return self.tables.load(shard, self.urls[shard], self.spec.shard_sizes[shard], self.byte_sizes[shard])
+        return self.tables.load(shard, self.urls[shard], self.counts[shard], self.byte_sizes[shard])
+
+    @property
+    def spec(self) -> Union[PlanSpec, StreamingSpec]:
+        """The mode's spec (what both share: ranks, workers, batch, seed, shuffle)."""
+        return self.mode.spec
+
+    @property
+    def counts(self) -> Tuple[int, ...]:
+        """Each shard's sample count (the planned mode; none in the streaming mode)."""
+        return self.mode.spec.shard_sizes if isinstance(self.mode, Planned) else ()
 
     @property
     def virtual_worker(self) -> int:

@@ -27,10 +27,14 @@ from dali_shards.tar.header import BLOCK
 from dali_shards.worker.decoders import decode_int
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, images_ok
 from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed
+from dali_shards.shm.packed import table_rows
 from dali_shards.worker.pieces import Interleaved
+from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Skipped
+from dali_shards.worker.standin import StandIn
 from dali_shards.shm.tables import Grow
 from dali_shards.fields import FieldKind
+from dali_shards.plan.mode import Planned
 
 MIN_DIRECT = 32  # below this many samples per step the general way costs less
 DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID})
@@ -46,7 +50,7 @@ def direct_fits(config: Any) -> bool:
     packing, stage, spec = config.packing, config.stage, config.spec
     return (
         packing.table and packing.payload is None and not stage.user_code and spec.mini_batch >= MIN_DIRECT
-        and all(f.kind in DIRECT_KINDS for f in packing.fields) and hasattr(spec, "shard_sizes")
+        and all(f.kind in DIRECT_KINDS for f in packing.fields) and isinstance(config.mode, Planned)
     )  # fmt: skip
 
 
@@ -65,7 +69,7 @@ class DirectBatches:
         self.place = {pos: k for k, pos in enumerate(order)}
         reader = source.reader(plan)
         self.reading = reading = Interleaved(plan, order, self.place.__contains__, reader)
-        self.good = LastGood(self.reading)
+        self.good = StandIn(reading.cfg, reread=reading.item)
         cfg = reading.cfg
         offsets = {s: cfg.sample_offsets(s) for s in set(reading.shards)}
         self.spans = np.array([(int(offsets[s][i]), int(offsets[s][i + 1]))  # type: ignore[index]  # positioned: known
@@ -74,32 +78,28 @@ class DirectBatches:
         sizes = np.array([-1 if cfg.byte_sizes[s] is None else cfg.byte_sizes[s] for s in reading.shards], np.int64)
         # spans inside their shards as counted: a bad or stale index takes the general way, which says so
         self.sane = (self.spans[:, 0] <= self.spans[:, 1]) & (self.spans[:, 1] <= sizes)
-        self.steps = plan.steps - plan.start_step
-        self.step = 0
+        self.clock = iter(StepClock(source.stamps, epoch, plan.steps - plan.start_step))
 
     def __iter__(self) -> "DirectBatches":
         return self
 
     def __next__(self) -> "DirectStep":
-        stamps, m = self.source.stamps, self.plan.spec.mini_batch
-        cut = stamps.cut_step(self.epoch)
-        if self.step >= (self.steps if cut is None else min(cut, self.steps)):
+        try:
+            step = next(self.clock)
+        except StopIteration:
             self.reading.close()
-            stamps.end(self.epoch, self.step, produced=False)
-            raise StopIteration
-        stamps.begin(self.epoch, self.step)
-        part = self.emissions[self.step * m : (self.step + 1) * m]
-        self.step += 1
-        done = lambda step=self.step: stamps.end(self.epoch, step)  # noqa: E731 - once it is written
-        return DirectStep(self, [self.place[p] for p, _ in part], [ok for _, ok in part], done)
+            raise
+        m = self.plan.spec.mini_batch
+        part = self.emissions[step * m : (step + 1) * m]
+        return DirectStep(self, [self.place[p] for p, _ in part], [ok for _, ok in part])
 
 
 class DirectStep:
     """One step's table, written into a slot by ``write`` (see the module). ``capacity`` bounds what
     the fast path writes; the general way may need more (``Grow``: ask again with a larger slot)."""
 
-    def __init__(self, epoch: DirectBatches, places: Sequence[int], valid: Sequence[bool], done: Any = lambda: None):
-        self.epoch, self.reading, self.good, self.done = epoch, epoch.reading, epoch.good, done
+    def __init__(self, epoch: DirectBatches, places: Sequence[int], valid: Sequence[bool]):
+        self.epoch, self.reading, self.good = epoch, epoch.reading, epoch.good
         self.places, self.valid = list(places), list(valid)
         self.packing = self.reading.cfg.packing
         self.unique = np.array(list(dict.fromkeys(self.places)), dtype=np.int64)  # padding repeats the last sample
@@ -117,16 +117,13 @@ class DirectStep:
         """Write the table into ``out``; the bytes it takes."""
         if self._packed is None:
             try:
-                used = self._direct(out)
-                self.done()
-                return used
+                return self._direct(out)
             except NotDirect:
                 self._packed = self._general()
         size = self.packing.table_size(self._packed)
         if size > len(out):
             raise Grow(size)
         self.packing.table_array(self._packed, out=out[:size])
-        self.done()
         return size
 
     # -- the fast path ---------------------------------------------------------------------
@@ -141,14 +138,14 @@ class DirectStep:
         if walk.irregular.any():
             raise NotDirect()
         at = {k: u for u, k in enumerate(self.unique.tolist())}
-        rows = out[: self.rows_bytes].view(np.int64).reshape(len(self.places), self.packing.header_columns)
+        rows = table_rows(out, len(self.places), self.packing.header_columns)
         fields = self._fields(out, walk, len(self.unique))
         which = np.array([at[k] for k in self.places])
         rows[:, INDEX_COLUMN] = self.epoch.index[self.unique][which]
         rows[:, VALID_COLUMN] = np.where(self.valid, STATUS_VALID, STATUS_PADDING)
         for slot, values in fields:
             rows[:, slot] = values[which]
-        self.good.remember(int(self.unique[-1]))
+        self.good.remember(place=int(self.unique[-1]))
         return self.capacity
 
     def _read(self, out: np.ndarray) -> None:
@@ -175,7 +172,7 @@ class DirectStep:
         self._check_keys(out, key_at, key_len)
         for spec in self.packing.fields:
             if spec.kind == FieldKind.KEY:
-                values += [(spec.column, key_at), (spec.column + 1, key_len)]
+                values += [(spec.offset_column, key_at), (spec.length_column, key_len)]
                 continue
             if spec.kind not in (FieldKind.BYTES, FieldKind.INT):
                 continue
@@ -185,7 +182,7 @@ class DirectStep:
                 continue
             if any(e in IMAGE_EXTENSIONS for e in spec.extensions):
                 self._check_images(out, data, size)
-            values += [(spec.column, data), (spec.column + 1, size)]
+            values += [(spec.offset_column, data), (spec.length_column, size)]
         return values
 
     def _check_keys(self, out: np.ndarray, key_at: np.ndarray, key_len: np.ndarray) -> None:
@@ -212,42 +209,14 @@ class DirectStep:
         for k, valid in zip(self.places, self.valid):
             item = items[k]
             if isinstance(item, Skipped):
-                stand_in = good or self.good.sample(default=next((items[j] for j in unique if isinstance(items[j], Packed)), None))
+                stand_in = good or self.good.sample(items[j] for j in unique)
                 out.append(stand_in.as_skipped(item.index) if valid else stand_in.as_padding())
                 continue
             if valid:
                 good = item
-                self.good.remember(k, item)
+                self.good.remember(item, k)
             out.append(item if valid else item.as_padding())
         return out
-
-
-class LastGood:
-    """The last sample of a worker's epoch that was read whole: stands in for skipped ones."""
-
-    def __init__(self, reading: Interleaved):
-        self.reading = reading
-        self.place: Optional[int] = None
-        self.packed: Optional[Packed] = None
-
-    def remember(self, place: int, packed: Optional[Packed] = None) -> None:
-        self.place, self.packed = place, packed
-
-    def sample(self, default: Optional[Packed] = None) -> Packed:
-        """The last good sample (read again if need be), else ``default``."""
-        if self.packed is None and self.place is not None:
-            item = self.reading.item(self.place)
-            self.packed = item if isinstance(item, Packed) else None
-        if self.packed is None and default is not None:
-            return default
-        if self.packed is None:
-            cfg = self.reading.cfg
-            raise ShardFormatError(
-                cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
-                f"worker {cfg.virtual_worker} found no readable sample in its part of the epoch to stand in for the "
-                "skipped ones", hint="check the shards with `dali-shards inspect`",
-            )  # fmt: skip
-        return self.packed
 
 
 EXT_BYTES = 16  # extensions up to this long are compared as two words (longer ones: the general way)

@@ -21,6 +21,8 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.tar.members import RawSample
 from dali_shards.worker.decoders import native
 from dali_shards.fields import FieldKind
 
@@ -105,3 +107,25 @@ def conform(spec: OutputSpec, value: Any) -> Any:
         f"output {spec.name!r} is {got.describe()} here but {spec.describe()} in the first sample: return the same "
         "type (and dtype and number of dimensions) for every sample, e.g. np.asarray(x, dtype=np.float32)"
     )
+
+
+CARRIED = ", ".join(sorted(DALI_DTYPES))  # the dtypes an array travels as, for messages
+
+
+def check_carried_type(name: str, dtype: str) -> None:
+    """A ConfigError unless an array of ``dtype`` can go to DALI (the first sample's checks make
+    sure it can: this guards the transfers, which take only those)."""
+    if dtype not in DALI_DTYPES:
+        raise ConfigError(f"field {name!r} would travel as a {dtype} array, which DALI cannot carry (only {CARRIED})")
+
+
+def check_npy_dtype(sample: RawSample, name: str, array: np.ndarray) -> np.ndarray:
+    """``array``, field ``name`` of ``sample`` read from an ``.npy`` member (no ``map``), if DALI
+    can carry its dtype; a ShardFormatError naming the field, the shard and the sample otherwise."""
+    if array.dtype.name not in DALI_DTYPES:
+        raise ShardFormatError(
+            sample.url, f"field {name!r} is a .npy array of dtype {array.dtype}, which DALI cannot carry",
+            key=sample.key, hint=f"store it as one of {CARRIED} (e.g. a.astype(np.float32); complex numbers as a "
+            "last axis of 2, np.stack([a.real, a.imag], -1)), convert it in a map=, or pass on_error='skip' to skip it",
+        )  # fmt: skip
+    return array

@@ -33,7 +33,6 @@ from dali_shards.io.filesystems import is_remote
 from dali_shards.catalog.scan import scan_shard
 from dali_shards.errors import WorkerError
 from dali_shards.io.storage import local_path
-from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.geometry import Segment
 from dali_shards.io.storage import READ_ERRORS
@@ -137,9 +136,8 @@ class Interleaved:
         self.files = LocalFiles()
         self.remote: Dict[int, int] = {}  # position in the order -> span index of the fetcher
         spans: List[Span] = []
-        assert isinstance(cfg.spec, PlanSpec)  # interleaved reading is planned
         remote = sorted({s for s in self.shards if is_remote(cfg.urls[s]) and cfg.spans_known(s)})
-        cfg.tables.prefetch(remote, cfg.urls, cfg.spec.shard_sizes, cfg.byte_sizes)  # one request each, at once
+        cfg.tables.prefetch(remote, cfg.urls, cfg.counts, cfg.byte_sizes)  # one request each, at once
         for k, (s, i) in enumerate(zip(self.shards, self.local)):
             offs = cfg.sample_offsets(s) if s in remote or cfg.offsets[s] is not None else None
             if offs is not None and is_remote(cfg.urls[s]):
@@ -208,10 +206,9 @@ class Interleaved:
 
     def _offsets(self, s: int) -> Optional[np.ndarray]:
         cfg = self.cfg
-        assert isinstance(cfg.spec, PlanSpec)  # interleaved reading is planned
         offs = local_offsets(self.reader, s)
-        if offs is not None and len(offs) - 1 < cfg.spec.shard_sizes[s]:
-            raise fewer_than_planned(cfg.urls[s], len(offs) - 1, cfg.spec.shard_sizes[s])
+        if offs is not None and len(offs) - 1 < cfg.counts[s]:
+            raise fewer_than_planned(cfg.urls[s], len(offs) - 1, cfg.counts[s])
         return offs
 
     def _from_cursor(self, pos: int, s: int) -> Item:

@@ -13,16 +13,18 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
-from dali_shards.errors import ShardFormatError, WorkerError
+from dali_shards.errors import WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
-from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.mode import Planned
 from dali_shards.plan.resume import Plan, epoch_plan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.control import NO_STAMPS
 from dali_shards.worker.direct import DirectBatches, direct_fits
 from dali_shards.shm.packing import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
+from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Item, ShardReader, Skipped
+from dali_shards.worker.standin import StandIn
 
 log = logging.getLogger("dali_shards")
 
@@ -41,11 +43,10 @@ class WorkerSource:
     When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
 
-    def __init__(self, config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False):
-        assert isinstance(config.spec, PlanSpec)  # the planned mode (streaming: worker/streaming.py)
-        if len(config.urls) != len(config.spec.shard_sizes):
+    def __init__(self, config: WorkerConfig, mode: Planned, stamps=NO_STAMPS, direct: bool = False):
+        if len(config.urls) != len(mode.spec.shard_sizes):
             raise ValueError("one URL per shard size is required")
-        self.config = config
+        self.config, self.mode = config, mode
         self.worker = config.worker
         self.stamps = stamps
         self.direct = direct and direct_fits(config)
@@ -68,8 +69,7 @@ class WorkerSource:
 
     def plan_for(self, epoch: int) -> Plan:
         """The epoch's plan: the resumed one for the epoch a pipeline resumes in."""
-        assert isinstance(self.config.spec, PlanSpec)  # the planned mode
-        return epoch_plan(self.config.spec, self.config.resume_plan, epoch)
+        return epoch_plan(self.mode.spec, self.mode.resume_plan, epoch)
 
     def take_ahead(self, epoch: int) -> Optional[Ahead]:
         """The reading started ahead for ``epoch``, if any (one for another epoch is dropped)."""
@@ -109,13 +109,12 @@ class EpochBatches:
     def __init__(self, source: WorkerSource, epoch: int):
         self.source = source
         self.epoch = epoch
-        self._step = 0
-        self._steps = 0
+        self._clock: Optional[Iterator[int]] = None
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
         self._samples: Optional[Generator[Tuple[int, Item], None, None]] = None
         self._pending: Dict[int, Item] = {}
         self._last: Tuple[int, Optional[Item]] = (-1, None)
-        self._good: Optional[Packed] = None  # the last good sample: stands in for skipped ones
+        self._good = StandIn(source.config)  # stands in for skipped samples
         self._reading: Optional[Interleaved] = None
         self._ahead_of: Optional[Interleaved] = None  # a remote reading whose next epoch is not started yet
 
@@ -124,22 +123,21 @@ class EpochBatches:
 
     def __next__(self):
         src = self.source
-        if self._order is None:
-            self._start()
-        if self._step >= self._ends_at():
+        if self._clock is None:
+            self._clock = iter(StepClock(src.stamps, self.epoch, self._start()))
+        try:
+            step = next(self._clock)
+        except StopIteration:
             self._close()
-            src.stamps.end(self.epoch, self._step, produced=False)
-            raise StopIteration
-        src.stamps.begin(self.epoch, self._step)
-        batch = self._batch()
-        self._step += 1
-        src.stamps.end(self.epoch, self._step)
+            raise
+        batch = self._batch(step)
         if self._ahead_of is not None and self._ahead_of.fetcher is not None and self._ahead_of.fetcher.fetched_all:
             current, self._ahead_of = self._ahead_of, None
             src.start_next_epoch(self.epoch + 1, current)
         return batch
 
-    def _start(self) -> None:
+    def _start(self) -> int:
+        """Open the epoch's reading; the steps it takes."""
         src = self.source
         ahead = src.take_ahead(self.epoch)
         plan = ahead.plan if ahead is not None else src.plan_for(self.epoch)
@@ -149,21 +147,22 @@ class EpochBatches:
         first = skip // span * span if span else skip  # bucketing: from the start of the window
         v = src.config.virtual_worker
         emissions = ahead.emissions if ahead is not None else plan.worker_emissions(v, first)
-        self._steps = plan.steps - plan.start_step
+        steps = plan.steps - plan.start_step
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         if plan.interleaving and plan.worker_valid_count(v):
             reading = self._reading = ahead.reading if ahead is not None else src.interleaved(plan, emissions)
             self._ahead_of = reading if reading.fetcher is not None else None
             self._samples = read_interleaved(reading)
-            return
+            return steps
         needed = {pos for pos, _ in emissions}
         reader = ShardReader(src.config, src.stamps.progress, plan.epoch)
         reads = plan.reads_of(v, needed) if needed else []
         if reads and all(positioned(src.config, seg.shard) for seg in reads):  # each sample by one read of its span
             self._reading = Interleaved(plan, sorted(needed), needed.__contains__, reader)
             self._samples = read_interleaved(self._reading)
-            return
+            return steps
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
+        return steps
 
     def _bucketed(self, emissions: List[Tuple[int, bool]], span: int, skip: int, first: int) -> Iterator[Tuple[int, bool]]:
         """``emissions`` window by window, each window's valid samples (all read first) in the
@@ -190,33 +189,37 @@ class EpochBatches:
                     continue
                 yield entry
 
-    def _ends_at(self) -> int:
-        """The step this epoch ends at: its last, or where the main process cut it short."""
-        cut = self.source.stamps.cut_step(self.epoch)
-        return self._steps if cut is None else min(cut, self._steps)
-
-    def _batch(self) -> List[Packed]:
+    def _batch(self, step: int) -> List[Packed]:
         src = self.source
-        spec = src.config.spec
         samples = []
         assert self._order is not None  # set by _start()
         try:
-            for _ in range(spec.mini_batch):
+            for _ in range(src.mode.spec.mini_batch):
                 pos, valid = next(self._order)
                 item = self._take(pos)
                 if isinstance(item, Skipped):
-                    packed = self._stand_in().as_skipped(item.index) if valid else self._stand_in().as_padding()
+                    stand_in = self._good.sample(self._more())
+                    packed = stand_in.as_skipped(item.index) if valid else stand_in.as_padding()
                 elif valid:
-                    packed = self._good = item
+                    packed = item
+                    self._good.remember(item)
                 else:
                     packed = item.as_padding()
                 samples.append(packed)
         except StopIteration:  # never let a short read end this worker's epoch alone
             raise WorkerError(
                 f"dali_shards internal error: worker {src.config.virtual_worker} ran out of planned samples at step "
-                f"{self._step} of epoch {self.epoch}; please report it"
+                f"{step} of epoch {self.epoch}; please report it"
             ) from None
         return samples
+
+    def _more(self) -> Iterator[Item]:
+        """The samples read ahead, then the next ones read (kept for when they are emitted)."""
+        yield from list(self._pending.values())
+        assert self._samples is not None  # set by _start()
+        for got, item in self._samples:
+            self._pending[got] = item
+            yield item
 
     def _take(self, pos: int) -> Union[Packed, Skipped]:
         if self._last[0] == pos:
@@ -231,27 +234,6 @@ class EpochBatches:
         item = pending.pop(pos)
         self._last = (pos, item)
         return item
-
-    def _stand_in(self) -> Packed:
-        """A real sample to fill a skipped sample's slot: the last good one, else the next."""
-        if self._good is None:
-            self._good = next((p for p in self._pending.values() if isinstance(p, Packed)), None)
-        assert self._samples is not None  # set by _start()
-        while self._good is None:
-            try:
-                got, item = next(self._samples)
-            except StopIteration:
-                cfg = self.source.config
-                raise ShardFormatError(
-                    cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
-                    f"worker {cfg.virtual_worker} found no readable sample in its part of epoch "
-                    f"{self.epoch} to stand in for the skipped ones",
-                    hint="check the shards with `dali-shards inspect`",
-                ) from None
-            self._pending[got] = item
-            if isinstance(item, Packed):
-                self._good = item
-        return self._good
 
     def _close(self) -> None:
         if self._samples is not None:

@@ -23,7 +23,6 @@ from dali_shards.io.storage import READ_ERRORS, read_ahead, read_attempts
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.header import printable
 from dali_shards.tar.scan import key_fingerprint
-from dali_shards.plan.epoch import PlanSpec
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.packing import Packed
 
@@ -165,5 +164,4 @@ class ShardReader:
             self.progress()
             yield sample.position, self._pack(sample, url, index(sample.position), shard)
         if stop is not None and reader.samples_seen < stop:
-            assert isinstance(self.config.spec, PlanSpec)  # only planned reads have a stop
-            raise fewer_than_planned(url, reader.samples_seen, self.config.spec.shard_sizes[shard])
+            raise fewer_than_planned(url, reader.samples_seen, self.config.counts[shard])  # planned reads: counted

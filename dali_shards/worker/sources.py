@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, Protocol, Union
 
-from dali_shards.plan.streaming import StreamingSpec
+from dali_shards.plan.mode import Streaming
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.control import NO_STAMPS
 from dali_shards.shm.packing import Packed
@@ -20,8 +20,8 @@ class EpochSource(Protocol):
 
 
 def make_source(config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False) -> Union[WorkerSource, StreamingWorkerSource]:
-    """The source of local worker ``config.worker``: planned or streaming, as its spec says;
+    """The source of local worker ``config.worker``: planned or streaming, as its mode says;
     ``direct``: its steps may be table writers that read straight into the ring's slots."""
-    if isinstance(config.spec, StreamingSpec):
-        return StreamingWorkerSource(config, stamps)
-    return WorkerSource(config, stamps, direct=direct)
+    if isinstance(config.mode, Streaming):
+        return StreamingWorkerSource(config, config.mode, stamps)
+    return WorkerSource(config, config.mode, stamps, direct=direct)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from dali_shards.errors import ConfigError, ShardError, ShardFormatError, ShardMapError
-from dali_shards.tar.format import RawSample
+from dali_shards.tar.members import RawSample
 from dali_shards.worker.decoders import builtin_decoder
 from dali_shards.shm.packing import KEY, INDEX, VALID, Packed, Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform

@@ -8,10 +8,12 @@ from typing import Iterator, List, Optional
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
-from dali_shards.plan.streaming import StreamingSpec, stream_index
+from dali_shards.plan.mode import Streaming
+from dali_shards.plan.streaming import stream_index
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.control import NO_STAMPS
 from dali_shards.shm.packing import Packed
+from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import ShardFailed, ShardReader, Skipped
 
 
@@ -23,8 +25,8 @@ class StreamingWorkerSource:
     (a fresh start or a resume) begins the stream at cycle ``e``.
     """
 
-    def __init__(self, config: WorkerConfig, stamps=NO_STAMPS):
-        self.config = config
+    def __init__(self, config: WorkerConfig, mode: Streaming, stamps=NO_STAMPS):
+        self.config, self.mode = config, mode
         self.worker = config.worker
         self.start_epoch = config.start_epoch
         self.stamps = stamps
@@ -33,27 +35,17 @@ class StreamingWorkerSource:
 
     def epoch(self, epoch: int) -> Iterator[List[Packed]]:
         """The iterator of ``epoch``'s mini-batches."""
-        steps = self.config.spec.steps_per_epoch
-        if epoch == self.start_epoch and self.config.first_steps is not None:
-            steps = self.config.first_steps
+        steps = self.mode.spec.steps_per_epoch
+        if epoch == self.start_epoch and self.mode.first_steps is not None:
+            steps = self.mode.first_steps
         return self._batches(epoch, steps)
 
     def _batches(self, epoch: int, steps: int) -> Iterator[List[Packed]]:
         """``steps`` mini-batches, or fewer if the main process cuts the epoch short."""
-        spec, stamps = self.config.spec, self.stamps
-        step = 0
-        while step < steps:
-            cut = stamps.cut_step(epoch)
-            if cut is not None and step >= cut:
-                break
-            stamps.begin(epoch, step)
+        for _ in StepClock(self.stamps, epoch, steps):
             if self._stream is None:
                 self._stream = self._shuffled(self._samples(self.start_epoch))
-            samples = [next(self._stream) for _ in range(spec.mini_batch)]
-            step += 1
-            stamps.end(epoch, step)
-            yield samples
-        stamps.end(epoch, step, produced=False)
+            yield [next(self._stream) for _ in range(self.mode.spec.mini_batch)]
 
     def _shuffled(self, samples: Iterator[Packed]) -> Iterator[Packed]:
         cfg = self.config
@@ -75,11 +67,10 @@ class StreamingWorkerSource:
     def _samples(self, first_cycle: int) -> Iterator[Packed]:
         """The endless stream of this worker's samples, cycle after cycle."""
         cfg = self.config
-        assert isinstance(cfg.spec, StreamingSpec)  # the streaming mode
         reader = ShardReader(cfg, self.stamps.progress)
         cycle = first_cycle
         while True:
-            order = cfg.spec.cycle_order(cfg.virtual_worker, cycle)
+            order = self.mode.spec.cycle_order(cfg.virtual_worker, cycle)
             reader.epoch = cycle  # a sample's augmentations differ from pass to pass
             delivered = 0
             openers = reader.open_ahead(order)

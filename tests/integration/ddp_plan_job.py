@@ -13,17 +13,14 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dali_shards import ConfigError, sharded_pipeline
+from dali_shards import ConfigError
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
+from dali_shards.testing.pipelines import identity_pipeline
 
 
 def make(paths, **kw):
-    @sharded_pipeline(paths, fields=("__index__",), batch_size=4, py_num_workers=2, num_threads=1, device_id=None, **kw)
-    def pipe(index):
-        return index
-
-    return pipe
+    return identity_pipeline(paths, ("__index__",), batch_size=4, py_num_workers=2, **kw)
 
 
 def main(out_dir, mode):

@@ -9,15 +9,20 @@ import time
 
 import pytest
 
-from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_epochs
-from dali_shards import ConfigError, ShardAccessError, pipeline_info, sharded_pipeline
+from dali_shards.testing.pipelines import (
+    assert_exactly_once,
+    epochs_by_rank,
+    identity_pipeline,
+    index_pipeline,
+    jpg_bytes,
+    run_epochs,
+)
+from dali_shards import ConfigError, ShardAccessError, pipeline_info
 from dali_shards.io.cache import ShardCache
 from dali_shards.cli import main as cli_main
-from dali_shards.catalog.scan import scan_shards
-from dali_shards.catalog.manifest import read_manifest, write_manifest
+from dali_shards.catalog.manifest import read_manifest
 from dali_shards.options import StorageOptions
 from dali_shards.io.remote import RemoteStream
-from dali_shards.sample_data import write_sample_shards
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.storage import open_shard, read_ahead
 from dali_shards.testing.servers import DelayProxy, HTTPShardServer, S3Server
@@ -26,14 +31,6 @@ pytest.importorskip("aiohttp")
 SIZES = (11, 0, 17, 3, 16)
 PATTERN = "sample-{000000..000004}.tar"
 FAST = dict(backoff=0.01, max_backoff=0.05)
-
-
-@pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("served")
-    paths = write_sample_shards(str(d), shard_sizes=SIZES)
-    write_manifest(str(d / "manifest.json"), scan_shards(paths))
-    return d
 
 
 @pytest.fixture
@@ -52,21 +49,9 @@ def s3(shard_dir):
     server.stop()
 
 
-def epochs_of(make, world, epochs=2):
-    """Per epoch: Counter of valid indices over all ranks, and {index: jpg bytes}; steps per rank."""
-    seen, data, steps, _ = epochs_by_rank(make, world, epochs)
-    return seen, data, steps
-
-
 def local_bytes(shard_dir):
     """{canonical index: jpg bytes} read from the local shards."""
-    make = index_pipeline(str(shard_dir / PATTERN), batch_size=4, py_num_workers=1)
-    return epochs_of(make, 1, epochs=1)[1]
-
-
-def assert_exactly_once(seen, total=sum(SIZES)):
-    for epoch in seen:
-        assert sorted(epoch) == list(range(total)) and max(epoch.values()) == 1
+    return jpg_bytes(str(shard_dir / PATTERN))
 
 
 # -- the stream itself ---------------------------------------------------------------------
@@ -188,8 +173,8 @@ def test_http_pipeline_with_faults_is_exactly_once(http, shard_dir):
     want = local_bytes(shard_dir)
     http.faults.fail, http.faults.cut, http.faults.cut_after = 4, 3, 3000
     make = index_pipeline(f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=2, world_size=2, shuffle=True, seed=3)
-    seen, data, steps = epochs_of(make, world=2)
-    assert_exactly_once(seen)
+    seen, data, steps, _ = epochs_by_rank(make, world=2)
+    assert_exactly_once(seen, sum(SIZES))
     assert data == want
     assert steps[0] == steps[1]
     assert http.faults.fail == 0 and http.faults.cut == 0, "the faults happened and were retried"
@@ -198,8 +183,8 @@ def test_http_pipeline_with_faults_is_exactly_once(http, shard_dir):
 def test_s3_pipeline_with_storage_options_and_environment(s3, shard_dir, monkeypatch):
     want = local_bytes(shard_dir)
     make = index_pipeline(f"s3://train/{PATTERN}", batch_size=6, py_num_workers=3, storage_options=s3.storage_options())
-    seen, data, _ = epochs_of(make, world=1)
-    assert_exactly_once(seen)
+    seen, data, _, _ = epochs_by_rank(make, world=1)
+    assert_exactly_once(seen, sum(SIZES))
     assert data == want
     for name, value in {
         "AWS_ENDPOINT_URL": s3.endpoint_url,
@@ -229,21 +214,9 @@ def test_s3_cut_off_mid_epoch_is_an_error_not_a_hang(s3):
     opts = s3.storage_options(f"http://127.0.0.1:{proxy.port}")
     opts["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 2}
 
-    @sharded_pipeline(
-        f"s3://train/{PATTERN}",
-        fields=("__index__", "jpg"),
-        batch_size=2,
-        py_num_workers=2,
-        storage_options=opts,
-        retries=2,
-        worker_prefetch=1,
-        read_ahead=0,
-        num_threads=1,
-        device_id=None,
-        prefetch_queue_depth=1,
-    )
-    def make(index, jpg):
-        return index, jpg.shape()
+    make = identity_pipeline(f"s3://train/{PATTERN}", ("__index__", "jpg"), body=lambda i, jpg: (i, jpg.shape()),
+                             batch_size=2, py_num_workers=2, storage_options=opts, retries=2, worker_prefetch=1,
+                             read_ahead=0, prefetch_queue_depth=1)  # fmt: skip
 
     it = DALIShardedIterator(make(), ["index", "size"])
     t = time.monotonic()
@@ -270,8 +243,8 @@ def test_cache_serves_later_epochs_and_stays_within_its_limit(http, shard_dir, t
     assert len([c for c in cached if c.endswith(".shard")]) == 4 and not [c for c in cached if c.endswith(".tmp")]
     shard_requests = lambda: [p for p, _ in http.faults.requests if p.endswith(".tar")]  # noqa: E731
     before = len(shard_requests())
-    seen, _, _ = epochs_of(make, world=1, epochs=2)
-    assert_exactly_once(seen)
+    seen, _, _, _ = epochs_by_rank(make, world=1, epochs=2)
+    assert_exactly_once(seen, sum(SIZES))
     assert len(shard_requests()) == before, "later runs read the cache, not the server"
     assert info.spec.shard_sizes == SIZES
 
@@ -280,13 +253,13 @@ def test_cache_serves_later_epochs_and_stays_within_its_limit(http, shard_dir, t
     # room, evicting older entries; test_cache.py checks the limit at every moment)
     small = tmp_path / "small"
     limit = 400_000
-    seen, _, _ = epochs_of(
+    seen, _, _, _ = epochs_by_rank(
         index_pipeline(
             f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=1, cache_dir=str(small), cache_limit=limit
         ),
         world=1,
     )
-    assert_exactly_once(seen)
+    assert_exactly_once(seen, sum(SIZES))
     assert ShardCache(str(small)).usage() <= limit
 
 

@@ -12,8 +12,15 @@ import pytest
 from dali_shards import pipeline_info, sharded_pipeline
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import write_manifest
-from dali_shards.sample_data import write_sample_shards
-from dali_shards.testing.pipelines import epochs_by_rank, index_pipeline, run_epochs, worker_peak_rss
+from dali_shards.testing.pipelines import (
+    assert_exactly_once,
+    epochs_by_rank,
+    index_pipeline,
+    jpg_bytes,
+    run_epochs,
+    worker_peak_rss,
+)
+from dali_shards.testing.shards import write_shards
 from dali_shards.tools.writer import ShardWriter
 from dali_shards.testing.servers import HTTPShardServer, S3Server
 
@@ -23,30 +30,14 @@ PATTERN = "many-{000000..000011}.tar"
 
 
 def make_dir(d):
-    paths = write_sample_shards(str(d), shard_sizes=SIZES, prefix="many")
-    write_manifest(str(d / "manifest.json"), scan_shards(paths))
+    """The shards of ``shard_dir`` (see conftest.py) in ``d``, for a test that changes them."""
+    write_shards(d, SIZES, prefix="many", manifest=True)
     return d
 
 
 @pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory):
-    return make_dir(tmp_path_factory.mktemp("many"))
-
-
-def epochs_of(make, world, epochs=2):
-    """Per epoch, a Counter of the valid indices of all ranks; {index: jpg bytes}; pipelines."""
-    seen, data, _, pipes = epochs_by_rank(make, world, epochs)
-    return seen, data, pipes
-
-
-def assert_exactly_once(seen):
-    for epoch in seen:
-        assert sorted(epoch) == list(range(sum(SIZES))) and max(epoch.values()) == 1
-
-
-@pytest.fixture(scope="module")
 def local(shard_dir):
-    return epochs_of(index_pipeline(str(shard_dir / PATTERN), batch_size=4, py_num_workers=1), 1, epochs=1)[1]
+    return jpg_bytes(str(shard_dir / PATTERN))
 
 
 def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_dir, local):
@@ -55,9 +46,9 @@ def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_d
         make = index_pipeline(
             f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=2, world_size=2, shuffle=True, seed=3
         )
-        seen, data, pipes = epochs_of(make, world=2)
+        seen, data, _, pipes = epochs_by_rank(make, world=2)
         assert pipeline_info(pipes[0]).plan(0).interleaving
-        assert_exactly_once(seen)
+        assert_exactly_once(seen, sum(SIZES))
         assert data == local
         assert http.faults.fail == 0 and http.faults.cut == 0, "the faults happened and were retried"
         gets = [r for p, r in http.faults.requests if p.endswith(".tar") and r != "bytes=0-0"]  # (not the probes)
@@ -83,7 +74,7 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
         options = ShardedOptions.from_keywords(source=f"{http.url}/{PATTERN}", fields=("__index__", "jpg"),
                                                batch_size=4, py_num_workers=2, shuffle=True, seed=5)  # fmt: skip
         config = resolve(options).workers[1]
-        source = WorkerSource(config)
+        source = WorkerSource(config, config.mode)
         assert samples(source, 0)
         ahead = source.ahead
         assert ahead is not None and ahead.plan.epoch == 1, "epoch 1 started before it was asked for"
@@ -94,7 +85,7 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
         second = samples(source, 1)
         assert source.ahead is not None and source.ahead.plan.epoch == 2, "and epoch 2 while epoch 1 was read"
 
-        plain = WorkerSource(config)
+        plain = WorkerSource(config, config.mode)
         samples(plain, 0)
         plain.take_ahead(-1)  # dropped: epoch 1 read from scratch
         assert plain.ahead is None and samples(plain, 1) == second, "the same batches with or without a head start"
@@ -109,9 +100,9 @@ def test_s3_pieces_exactly_once(shard_dir, local):
         make = index_pipeline(
             f"s3://many/{PATTERN}", batch_size=6, py_num_workers=3, shuffle=True, storage_options=server.storage_options()
         )
-        seen, data, pipes = epochs_of(make, world=1)
+        seen, data, _, pipes = epochs_by_rank(make, world=1)
         assert pipeline_info(pipes[0]).plan(0).interleaving
-        assert_exactly_once(seen)
+        assert_exactly_once(seen, sum(SIZES))
         assert data == local
     finally:
         server.stop()
@@ -126,10 +117,10 @@ def test_a_version_1_manifest_reads_contiguous_runs_and_says_why(tmp_path, caplo
     (d / "manifest.json").write_text(json.dumps(doc))
     with HTTPShardServer(str(d)) as http, caplog.at_level(logging.WARNING, logger="dali_shards"):
         make = index_pipeline(f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=2, shuffle=True)
-        seen, data, pipes = epochs_of(make, world=1)
+        seen, data, _, pipes = epochs_by_rank(make, world=1)
     assert not pipeline_info(pipes[0]).plan(0).interleaving
     assert "have no sample offsets" in caplog.text and "dali-shards index" in caplog.text
-    assert_exactly_once(seen)
+    assert_exactly_once(seen, sum(SIZES))
     assert data == local
 
 
@@ -137,9 +128,9 @@ def test_cache_dir_with_interleaving_says_pieces_are_not_cached(shard_dir, tmp_p
     with HTTPShardServer(str(shard_dir)) as http, caplog.at_level(logging.WARNING, logger="dali_shards"):
         make = index_pipeline(f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=2, shuffle=True,
                               cache_dir=str(tmp_path / "cache"))  # fmt: skip
-        seen, data, _ = epochs_of(make, world=1, epochs=1)
+        seen, data, _, _ = epochs_by_rank(make, world=1, epochs=1)
     assert "are not cached; shuffle_block=0 streams and caches whole shards" in caplog.text
-    assert_exactly_once(seen)
+    assert_exactly_once(seen, sum(SIZES))
     assert data == local
     cache = tmp_path / "cache"
     assert not cache.exists() or not [f for f in os.listdir(cache) if f.endswith(".shard")]
@@ -155,7 +146,7 @@ def test_a_missing_remote_shard_is_skipped_once_per_worker(tmp_path, caplog):
         make = index_pipeline(
             f"{http.url}/{PATTERN}", batch_size=4, py_num_workers=2, shuffle=True, on_error="skip", retries=1
         )
-        seen, _, _ = epochs_of(make, world=1, epochs=1)
+        seen, _, _, _ = epochs_by_rank(make, world=1, epochs=1)
         requests = [p for p, _ in http.faults.requests if p.endswith(f"many-{gone:06d}.tar")]
     assert sorted(seen[0]) == [i for i in range(sum(SIZES)) if not first <= i < first + 9]
     assert len(requests) <= 2 * 8, "each worker asks at most its requests in flight, not once per sample"

@@ -3,31 +3,26 @@ SIGTERM always end the run. Each case runs in a subprocess under a hard time lim
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
-from dali_shards.testing.processes import gone, wait_gone
+from dali_shards.testing.processes import end_job, gone, read_pids, start_script, wait_gone
 
 HARD_LIMIT = 120  # seconds: no case may hang the test run
 
 COMMON = textwrap.dedent(
     """
     import os, signal, sys, threading, time
-    from dali_shards import sharded_pipeline
     from dali_shards.errors import WorkerError
     from dali_shards.pytorch import DALIShardedIterator
     from dali_shards.sample_data import write_sample_shards
+    from dali_shards.testing.pipelines import identity_pipeline
 
-    def make(paths, **kw):
-        @sharded_pipeline(paths, fields=("jpg", "__index__"), batch_size=4, py_num_workers=2, shuffle=True,
-                          shuffle_buffer=8, num_threads=1, device_id=None, transfer=os.environ["TRANSFER"], **kw)
-        def p(jpg, index):
-            return index
-        return p
+    def make(paths, **kw):  # reads the jpg bytes, delivers the index
+        return identity_pipeline(paths, ("jpg", "__index__"), returns="index", batch_size=4, py_num_workers=2,
+                                 shuffle=True, shuffle_buffer=8, transfer=os.environ["TRANSFER"], **kw)
 
     def until_worker_error(it, *before):  # iterate until a WorkerError; print before, the time, the error
         start = time.monotonic()
@@ -120,44 +115,10 @@ LOCKED_SCRIPT = COMMON + textwrap.dedent(
 
 
 def start(tmp_path, script, *args, transfer="ring"):
-    path = tmp_path / "job.py"
-    path.write_text(script)
-    return subprocess.Popen(
-        [sys.executable, str(path), str(tmp_path), *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFER": transfer},
-        preexec_fn=_default_signals,  # a run under nohup (SIGHUP ignored) or a shell that ignores SIGINT
-    )
-
-
-def _default_signals():
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def read_pids(proc):
-    deadline = time.monotonic() + HARD_LIMIT
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("PIDS"):
-            return [int(p) for p in line.split()[1:]]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    pytest.fail("the job did not start its workers: " + proc.stderr.read()[-3000:])
-
-
-def cleanup(proc, pids):
-    """Kill what a failed case left behind: the job and its workers, by pid."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    for pid in pids:
-        if not gone(pid):
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
+    """The job, its first argument the folder for its shards; SIGHUP, SIGINT and SIGTERM at their
+    defaults in it (under nohup, or from a shell that ignores SIGINT, it would inherit them ignored)."""
+    env = {"OMP_NUM_THREADS": "1", "TRANSFER": transfer}
+    return start_script(tmp_path / "job.py", script, tmp_path, *args, env=env)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +134,7 @@ def cleanup(proc, pids):
 )
 def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, where, sig, transfer):
     proc = start(tmp_path, ORPHAN_SCRIPT, method, where, transfer=transfer)
-    pids = read_pids(proc)
+    pids = read_pids(proc, HARD_LIMIT)
     try:
         assert len(pids) == 2 and not any(gone(p) for p in pids)
         os.kill(proc.pid, sig)
@@ -183,13 +144,13 @@ def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, wh
         if sig == signal.SIGTERM:  # handled like Ctrl-C: the main process cleaned up
             assert "KeyboardInterrupt" in proc.stderr.read()
     finally:
-        cleanup(proc, pids)
+        end_job(proc, pids)
 
 
 @pytest.mark.parametrize("when", ["mid-epoch", "epoch-end"])
 def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, when, transfer):
     proc = start(tmp_path, STUCK_SCRIPT, 3, when, transfer=transfer)
-    pids = read_pids(proc)
+    pids = read_pids(proc, HARD_LIMIT)
     try:
         out, err = proc.communicate(timeout=HARD_LIMIT)
         assert "WorkerError after" in out, out + err[-3000:]
@@ -202,13 +163,13 @@ def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, w
         assert "sample-00000" in message, "names the shard"
         assert not wait_gone(pids, 10), "no worker left behind"
     finally:
-        cleanup(proc, pids)
+        end_job(proc, pids)
 
 
 def test_a_worker_that_ends_holding_its_task_queue_lock_is_an_error_not_a_hang(tmp_path):
     """DALI's pool (the merge transfer) shares a lock with each worker; the ring has none."""
     proc = start(tmp_path, LOCKED_SCRIPT, transfer="merge")
-    pids = read_pids(proc)
+    pids = read_pids(proc, HARD_LIMIT)
     try:
         out, err = proc.communicate(timeout=HARD_LIMIT)
         assert "WorkerError after" in out, out + err[-3000:]
@@ -216,12 +177,12 @@ def test_a_worker_that_ends_holding_its_task_queue_lock_is_an_error_not_a_hang(t
         assert "ended holding its task queue's lock; released it" in err
         assert not wait_gone(pids, 10), "no worker left behind"
     finally:
-        cleanup(proc, pids)
+        end_job(proc, pids)
 
 
 def test_ctrl_c_ends_the_run_while_a_worker_is_stopped(tmp_path, transfer):
     proc = start(tmp_path, STUCK_SCRIPT, "default", "mid-epoch", transfer=transfer)  # the main process waits
-    pids = read_pids(proc)
+    pids = read_pids(proc, HARD_LIMIT)
     try:
         time.sleep(3)  # the main process now waits for the stopped worker
         assert proc.poll() is None
@@ -230,4 +191,4 @@ def test_ctrl_c_ends_the_run_while_a_worker_is_stopped(tmp_path, transfer):
         assert "KeyboardInterrupt" in err and proc.returncode != 0
         assert not wait_gone(pids, 10), "no worker left behind"
     finally:
-        cleanup(proc, pids)
+        end_job(proc, pids)

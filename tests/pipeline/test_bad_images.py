@@ -8,9 +8,11 @@ import pytest
 from nvidia.dali import fn
 from PIL import Image
 
-from dali_shards import ShardFormatError, decode_image, sharded_pipeline
+from dali_shards import ShardFormatError, decode_image
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images
+from dali_shards.testing.pipelines import identity_pipeline
+from dali_shards.testing.shards import write_shards
 from dali_shards.tools.writer import write_shard
 
 PHOTOS = [open(p.path, "rb").read() for p in sample_images()]
@@ -37,26 +39,24 @@ BAD = {5: truncated, 9: header_then_garbage, 14: png_with_bad_crc}  # sample num
 
 
 def shards(tmp_path):
-    samples = []
-    for i in range(24):
+    """Two shards of 12 photos, those in ``BAD`` damaged (as they are when called)."""
+
+    def sample(i, shard, position):
         data = PHOTOS[i % len(PHOTOS)]
         damage = BAD.get(i)
         ext = "png" if damage is png_with_bad_crc else "jpg"
-        samples.append({"__key__": f"{i:04d}", ext: damage(data) if damage else data, "cls": i})
-    write_shard(str(tmp_path / "a.tar"), samples[:12])
-    write_shard(str(tmp_path / "b.tar"), samples[12:])
-    return [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
+        return {"__key__": f"{i:04d}", ext: damage(data) if damage else data, "cls": i}
+
+    return write_shards(tmp_path, (12, 12), sample, name="images-{shard}.tar")
+
+
+def resized(image, cls, index):
+    return fn.resize(decode_image(image), size=(16, 16)), cls, index
 
 
 def make(source, **kw):
-    kw = {"world_size": 2, **kw}
-
-    @sharded_pipeline(source, fields=("jpg;png", "cls", "__index__"), batch_size=4, py_num_workers=2,
-                      num_threads=1, device_id=None, **kw)
-    def pipe(image, cls, index):
-        return fn.resize(decode_image(image), size=(16, 16)), cls, index
-
-    return pipe
+    return identity_pipeline(source, ("jpg;png", "cls", "__index__"), outputs="image cls index", body=resized,
+                             **{"batch_size": 4, "py_num_workers": 2, "world_size": 2, **kw})  # fmt: skip
 
 
 def test_damaged_images_are_skipped_and_counted(tmp_path):

@@ -2,9 +2,9 @@
 ``__autograph_generated_file*.py`` behind, even when the process ends without cleaning up."""
 
 import os
-import subprocess
-import sys
 import textwrap
+
+from dali_shards.testing.processes import run_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,12 +43,8 @@ SCRIPT = textwrap.dedent(
 def test_no_autograph_files_are_left_behind(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    script = tmp_path / "job.py"  # a file: AutoGraph needs the source of the user's function
-    script.write_text(SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "data")], capture_output=True, text=True, timeout=240, env=env
-    )
+    # (run from a file: AutoGraph needs the source of the user's function)
+    out = run_script(tmp_path / "job.py", SCRIPT, tmp_path / "data", env={"TMPDIR": str(tmp)}, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok" in out.stdout
     leftovers = [n for n in os.listdir(tmp) if n.startswith("__autograph_generated_file")]

@@ -2,14 +2,12 @@
 transfers: a typed error naming the field (the shard and the sample) or the output, never DALI's
 ``TypeError``/``KeyError``; with ``on_error="skip"``, the sample is a counted skip."""
 
-import io
-
 import numpy as np
 import pytest
 
 from dali_shards import ShardFormatError, ShardMapError, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
-from dali_shards.tools.writer import write_shard
+from dali_shards.testing.shards import npy, write_shards
 
 UNCARRIED = {
     "complex64": np.arange(3).astype(np.complex64),
@@ -21,22 +19,13 @@ UNCARRIED = {
 TOTAL = 12
 
 
-def npy(array):
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=True)
-    return buf.getvalue()
-
-
 def shards(tmp_path, bad, at):
     """Two shards of 6 samples with float32 .npy members; sample ``at``'s is ``bad``."""
-    paths = []
-    for s in range(2):
-        path = str(tmp_path / f"v-{s}.tar")
-        members = [{"__key__": f"{i:06d}", "npy": npy(bad if i == at else np.full(3, i, np.float32)), "cls": b"%d" % i}
-                   for i in range(6 * s, 6 * s + 6)]  # fmt: skip
-        write_shard(path, members)
-        paths.append(path)
-    return paths
+
+    def sample(i, shard, position):
+        return {"__key__": f"{i:06d}", "npy": npy(bad if i == at else np.full(3, i, np.float32)), "cls": b"%d" % i}
+
+    return write_shards(tmp_path, (6, 6), sample, name="v-{shard}.tar")
 
 
 def epoch(paths, transfer, on_error, workers=2, **kw):

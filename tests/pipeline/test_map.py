@@ -14,16 +14,16 @@ from nvidia.dali import fn, types
 
 from dali_shards import ConfigError, ShardMapError, WorkerError, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
-from dali_shards.sample_data import sample_images, write_sample_shards
-from dali_shards.testing.pipelines import run_epochs
+from dali_shards.sample_data import sample_images
+from dali_shards.testing.pipelines import identity_pipeline, run_epochs
 from dali_shards.tools.writer import write_shard
 
 SIZES = (5, 0, 7, 3)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_sample_shards(str(tmp_path_factory.mktemp("map")), shard_sizes=SIZES)
+def shards(make_shards):
+    return make_shards(SIZES)
 
 
 class Scaler:
@@ -170,12 +170,8 @@ def flaky(s):
 
 
 def make(shards, **kw):
-    @sharded_pipeline(shards, fields=("cls", "__index__"), map=flaky, batch_size=4, py_num_workers=2, num_threads=1,
-                      device_id=None, **kw)  # fmt: skip
-    def pipe(label):
-        return label
-
-    return pipe
+    options = dict(map=flaky, batch_size=4, py_num_workers=2, **kw)
+    return identity_pipeline(shards, ("cls", "__index__"), outputs="label", **options)
 
 
 def test_user_errors_stop_the_epoch_with_the_original_traceback(shards, transfer):

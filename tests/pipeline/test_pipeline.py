@@ -11,18 +11,14 @@ import webdataset as wds
 from nvidia.dali import types
 from PIL import Image
 
-from dali_shards.testing.pipelines import run_epochs
+from dali_shards.testing.pipelines import identity_pipeline, run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
 from dali_shards.device import gpu_available
 from dali_shards.sample_data import sample_images
 
 
 def index_pipeline(source, **kw):
-    @sharded_pipeline(source, fields=("__index__", "__valid__"), num_threads=1, device_id=None, **kw)
-    def pipe(index, valid):
-        return index, valid
-
-    return pipe
+    return identity_pipeline(source, ("__index__", "__valid__"), **kw)
 
 
 @pytest.mark.parametrize(
@@ -77,18 +73,8 @@ def test_more_virtual_workers_than_samples(tmp_path, workers):
     write_sample_shards(str(tmp_path), shard_sizes=(2, 0, 1))
     world = 4 if workers == 1 else 2  # 4 or 6 virtual workers for 3 samples
 
-    @sharded_pipeline(
-        str(tmp_path / "sample-*.tar"),
-        fields=("jpg", "__index__", "__valid__"),
-        batch_size=workers,
-        py_num_workers=workers,
-        world_size=world,
-        shuffle=True,
-        num_threads=1,
-        device_id=None,
-    )
-    def make(jpg, index, valid):
-        return jpg, index, valid
+    make = identity_pipeline(str(tmp_path / "sample-*.tar"), ("jpg", "__index__", "__valid__"), batch_size=workers,
+                             py_num_workers=workers, world_size=world, shuffle=True)  # fmt: skip
 
     seen = Counter()
     for rank in range(world):

@@ -9,25 +9,16 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 from dali_shards import decode_image, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.testing.pipelines import identity_pipeline
+
+
+def resized(jpg, cls, index, valid):
+    return fn.resize(decode_image(jpg), size=(32, 32)), cls, index, valid
 
 
 def make_pipe(pattern, **kw):
-    @sharded_pipeline(
-        pattern,
-        fields=("jpg", "cls", "__index__", "__valid__"),
-        batch_size=6,
-        py_num_workers=2,
-        shuffle=True,
-        seed=4,
-        num_threads=2,
-        device_id=None,
-        **kw,
-    )
-    def pipe(jpg, cls, index, valid):
-        image = fn.resize(decode_image(jpg), size=(32, 32))
-        return image, cls, index, valid
-
-    return pipe
+    return identity_pipeline(pattern, ("jpg", "cls", "__index__", "__valid__"), body=resized, batch_size=6,
+                             py_num_workers=2, shuffle=True, seed=4, num_threads=2, **kw)  # fmt: skip
 
 
 NAMES = ["image", "label", "index", "valid"]

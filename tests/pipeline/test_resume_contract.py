@@ -1,13 +1,12 @@
-"""One resume contract (``dali_shards.testing.resume.check_resume``) on every mode: contiguous runs,
-interleaving, bucketing, streaming."""
+"""One resume contract (``dali_shards.testing.resume.check_resume``) on every mode (contiguous runs,
+interleaving, bucketing, streaming) and both transfers."""
 
 import pytest
 
-from dali_shards import sharded_pipeline
-from dali_shards.sample_data import write_sample_shards
+from dali_shards.testing.pipelines import identity_pipeline
 from dali_shards.testing.resume import check_resume
 
-COMMON = dict(batch_size=4, py_num_workers=2, shuffle=True, seed=5, num_threads=1, device_id=None)
+COMMON = dict(batch_size=4, py_num_workers=2, shuffle=True, seed=5)
 
 
 def with_length(sample):
@@ -15,13 +14,8 @@ def with_length(sample):
 
 
 def pipeline(source, **kw):
-    mapped = "map" in kw
-
-    @sharded_pipeline(source, fields=("jpg", "__index__") if mapped else ("__index__",), **{**COMMON, **kw})
-    def pipe(index):
-        return index
-
-    return pipe
+    fields = ("jpg", "__index__") if "map" in kw else ("__index__",)
+    return identity_pipeline(source, fields, outputs="index", **{**COMMON, **kw})
 
 
 MODES = {
@@ -34,14 +28,14 @@ MODES = {
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_sample_shards(str(tmp_path_factory.mktemp("resume")), shard_sizes=(5,) * 9 + (2,))
+def shards(make_shards):
+    return make_shards((5,) * 9 + (2,))
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_every_mode_resumes_where_it_stopped(shards, mode):
+def test_every_mode_resumes_where_it_stopped(shards, mode, transfer):
     options, exact = MODES[mode]
-    factory = pipeline(shards, **options)
+    factory = pipeline(shards, transfer=transfer, **options)
     if mode == "interleaved":
         assert factory().dali_shards.plan(0).interleaving
     checked = check_resume(factory, ["index"], world=options["world_size"], exact=exact)

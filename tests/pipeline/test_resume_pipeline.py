@@ -7,28 +7,20 @@ from nvidia.dali import fn
 
 from dali_shards import ConfigError, decode_image, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.testing import resume
+from dali_shards.testing.pipelines import identity_pipeline
+from dali_shards.testing.resume import check_resume
 
 WORLD, WORKERS, BATCH = 2, 2, 6  # 47 photos: 4 steps per epoch, one padded slot
 
 
+def resized(jpg, index):
+    return fn.resize(decode_image(jpg), size=(16, 16)), index
+
+
 def make(pattern, **kw):
-    options = dict(
-        batch_size=BATCH,
-        py_num_workers=WORKERS,
-        world_size=WORLD,
-        shuffle=True,
-        seed=11,
-        shuffle_buffer=5,
-        num_threads=1,
-        device_id=None,
-    )
-    options.update(kw)
-
-    @sharded_pipeline(pattern, fields=("jpg", "__index__"), **options)
-    def train(jpg, index):
-        return fn.resize(decode_image(jpg), size=(16, 16)), index
-
-    return train
+    options = dict(batch_size=BATCH, py_num_workers=WORKERS, world_size=WORLD, shuffle=True, seed=11, shuffle_buffer=5)
+    return identity_pipeline(pattern, ("jpg", "__index__"), body=resized, **{**options, **kw})
 
 
 def batches(it, limit=None):
@@ -48,38 +40,23 @@ def batches(it, limit=None):
 @pytest.fixture(scope="module")
 def uninterrupted(photo_shards):
     """Two epochs of each rank's batches, in one go."""
-    train = make(photo_shards["pattern"])
-    runs = {}
+    runs, lengths = resume.uninterrupted(make(photo_shards["pattern"]), ["image", "index"], world=WORLD, epochs=2)
     for rank in range(WORLD):
-        it = DALIShardedIterator(train(rank=rank), ["image", "index"])
-        assert len(it) == 4
-        runs[rank] = batches(it, 4) + batches(it, 5)  # epoch 0; then StopIteration and epoch 1
+        assert lengths[rank] == 4
         assert [b[0] for b in runs[rank]] == [0] * 4 + [1] * 4
     return runs
 
 
 @pytest.mark.parametrize("consumed", [0, 1, 2, 3, 4, "epoch end"])
 def test_state_round_trips_at_every_point(photo_shards, uninterrupted, consumed, transfer):
-    """(``uninterrupted`` ran on the default transfer: both give the same batches.)"""
+    """The resume contract (``check_resume``: the same state on every rank; resumed by
+    ``resume_from`` and by ``load_state_dict``, the batches of the uninterrupted run from there on)
+    after each number of batches, and after the epoch's end (its ``StopIteration``).
+    (``uninterrupted`` ran on the default transfer: both give the same batches.)"""
     train = make(photo_shards["pattern"], transfer=transfer)
-    states = []
-    for rank in range(WORLD):
-        it = DALIShardedIterator(train(rank=rank), ["image", "index"])
-        if consumed == "epoch end":
-            batches(it, 5)  # 4 batches and the StopIteration
-        else:
-            batches(it, consumed)
-        states.append(it.state_dict())
-        del it
-    assert states[0] == states[1], "the state is the same on every rank"
-    state = states[0]
-    done = 4 if consumed == "epoch end" else consumed
-    for rank in range(WORLD):
-        resumed = DALIShardedIterator(train(rank=rank, resume_from=state), ["image", "index"])
-        # the rest of epoch 0 and its StopIteration (unless the state is already at epoch 1), then epoch 1
-        after = batches(resumed, (4 - done + 1 if done < 4 else 0) + 4)
-        want = uninterrupted[rank][done:]
-        assert after == want, f"rank {rank} after {consumed}"
+    stop = "ended" if consumed == "epoch end" else consumed
+    checked = check_resume(train, ["image", "index"], world=WORLD, stops=(stop,), reference=uninterrupted)
+    assert checked["stops"] == [4 if consumed == "epoch end" else consumed]
 
 
 def test_load_state_dict_on_a_fresh_iterator(photo_shards, uninterrupted):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dali_shards.testing.pipelines import run_epochs
-from dali_shards import ConfigError, pipeline_info, sharded_pipeline
+from dali_shards.testing.pipelines import identity_pipeline, run_epochs
+from dali_shards import ConfigError, pipeline_info
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
 from dali_shards.plan.streaming import StreamingSpec, split_stream_index
@@ -60,11 +60,7 @@ def served(tmp_path_factory):
 
 
 def make(url, **kw):
-    @sharded_pipeline(url, fields=("__index__", "__valid__"), num_threads=1, device_id=None, **kw)
-    def pipe(index, valid):
-        return index, valid
-
-    return pipe
+    return identity_pipeline(url, ("__index__", "__valid__"), **kw)
 
 
 def test_streaming_over_http_without_counts(served):
@@ -74,7 +70,7 @@ def test_streaming_over_http_without_counts(served):
     for rank in range(2):
         pipe = factory(rank=rank)
         info = pipeline_info(pipe)
-        spec = info.streaming
+        spec = info.mode.spec
         epochs = run_epochs(pipe, 3)
         assert [len(e) for e in epochs] == [4, 4, 4], "ceil(30 / (2 ranks x 4)) steps, every epoch, every rank"
         for epoch in epochs:

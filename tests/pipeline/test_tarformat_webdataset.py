@@ -8,14 +8,8 @@ import pytest
 import webdataset as wds
 
 from dali_shards.io.storage import open_shard
-from dali_shards.tar.format import TarReader
 from dali_shards.tar.scan import count_samples
-from dali_shards.testing.tars import AWKWARD, make_tar
-
-
-def ours(path, **kw):
-    with open_shard(path) as f:
-        return [(s.key, dict(s.data)) for s in TarReader(f, path).samples(**kw)]
+from dali_shards.testing.tars import AWKWARD, make_tar, read_samples
 
 
 def theirs(path):
@@ -32,7 +26,7 @@ def theirs(path):
 )
 def test_samples_match_webdataset(tmp_path, fmt, mode, suffix):
     path = make_tar(tmp_path / f"shard{suffix}", AWKWARD, fmt=fmt, mode=mode)
-    got = ours(path)
+    got = read_samples(path)
     assert got == theirs(path)
     assert [k for k, _ in got] == ["a/dir/000", "001", "x" * 120 + "/002", "003", "001", "empty"]
     assert got[0][1] == {"jpg": b"jpeg-0", "cls": b"3", "seg.png": b"mask-0"}
@@ -42,6 +36,6 @@ def test_samples_match_webdataset(tmp_path, fmt, mode, suffix):
 
 def test_third_party_shard_matches_webdataset():
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "wds-sample-mnist.tgz")
-    got = ours(path)
+    got = read_samples(path)
     assert len(got) == 90
     assert got == theirs(path)

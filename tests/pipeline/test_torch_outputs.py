@@ -10,6 +10,7 @@ import torch
 from dali_shards import sharded_pipeline
 from dali_shards.errors import ConfigError, RaggedOutputError
 from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.testing.pipelines import identity_pipeline
 from dali_shards.tools.writer import write_shard
 
 N = 29  # samples: 3 ranks x batch 4 leave padding in the last step
@@ -38,12 +39,8 @@ def load(sample):
 
 
 def make_pipe(pattern, transfer, world=3):
-    @sharded_pipeline(pattern, fields=("__key__", "json"), map=load, batch_size=4, py_num_workers=2,
-                      world_size=world, shuffle=True, seed=5, num_threads=1, device_id=None, transfer=transfer)  # fmt: skip
-    def pipe(__key__, boxes, i):
-        return __key__, boxes, i
-
-    return pipe
+    return identity_pipeline(pattern, ("__key__", "json"), outputs="__key__ boxes i", map=load, batch_size=4,
+                             py_num_workers=2, world_size=world, shuffle=True, seed=5, transfer=transfer)  # fmt: skip
 
 
 def check_sample(key, boxes, i):

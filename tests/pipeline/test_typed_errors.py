@@ -7,30 +7,27 @@ import sys
 import numpy as np
 import pytest
 
-from dali_shards import ConfigError, ShardFormatError, ShardMapError, sharded_pipeline
+from dali_shards import ConfigError, ShardFormatError, ShardMapError
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import write_manifest
 from dali_shards.pytorch import DALIShardedIterator
-from dali_shards.tools.writer import write_shard
+from dali_shards.testing.pipelines import identity_pipeline
 
 SHARDS, PER_SHARD = 8, 6  # enough shards to interleave
 
 
 @pytest.fixture
-def shards(tmp_path):
-    paths = [str(tmp_path / f"t-{i}.tar") for i in range(SHARDS)]
-    for i, path in enumerate(paths):
-        write_shard(path, [{"__key__": f"k{PER_SHARD * i + j:03d}", "txt": b"x" * (j + 1)} for j in range(PER_SHARD)])
-    return paths
+def shards(make_shards, tmp_path):
+    def text(index, shard, position):
+        return {"__key__": f"k{index:03d}", "txt": b"x" * (position + 1)}
+
+    return make_shards((PER_SHARD,) * SHARDS, text, name="t-{shard}.tar", folder=tmp_path)
 
 
 def make(source, outputs="i", **kw):
     """A pipeline factory whose function's parameters (the map's outputs) are ``outputs``."""
-    opts = dict(fields=("__index__", "txt"), batch_size=4, py_num_workers=2, num_threads=1, device_id=None)
-    names = outputs.split()
-    scope = {}
-    exec(f"def pipe({', '.join(names)}):\n    return {', '.join(names)},", scope)
-    return sharded_pipeline(source, **{**opts, **kw})(scope["pipe"])
+    options = {"batch_size": 4, "py_num_workers": 2, **kw}
+    return identity_pipeline(source, ("__index__", "txt"), outputs=outputs, **options)
 
 
 def indices(it):
@@ -58,12 +55,7 @@ def exits(kind):
 
 def test_bucket_by_beyond_int64_names_the_sample_or_is_skipped(shards):
     def pipe(**kw):
-        @sharded_pipeline(shards, fields=("__index__", "txt"), map=index_map, bucket_by=huge_length, bucket_window=8,
-                          batch_size=4, py_num_workers=2, num_threads=1, device_id=None, **kw)  # fmt: skip
-        def p(i):
-            return i
-
-        return p()
+        return make(shards, map=index_map, bucket_by=huge_length, bucket_window=8, **kw)()
 
     with pytest.raises(ShardMapError, match="k004.*bucket_by.*does not fit in int64"):
         indices(DALIShardedIterator(pipe(), ["i"]))

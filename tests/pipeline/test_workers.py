@@ -1,7 +1,5 @@
 """Worker processes: a dead worker is reported within seconds, start methods, AutoGraph."""
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -9,6 +7,7 @@ from nvidia.dali import fn
 
 from dali_shards import ConfigError, decode_image, sharded_pipeline
 from dali_shards.testing.pipelines import run_epochs
+from dali_shards.testing.processes import run_script
 
 KILL_SCRIPT = textwrap.dedent(
     """
@@ -49,11 +48,7 @@ KILL_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("when", ["between", "during"])
 def test_a_killed_worker_is_reported_within_seconds(tmp_path, when, transfer):
-    script = tmp_path / "kill.py"
-    script.write_text(KILL_SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), when, transfer], capture_output=True, text=True, timeout=120
-    )
+    out = run_script(tmp_path / "kill.py", KILL_SCRIPT, tmp_path, when, transfer, timeout=120)
     assert "WorkerError after" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "killed by SIGKILL" in out.stdout and "state_dict" in out.stdout
     seconds = float(out.stdout.split("WorkerError after ")[1].split("s:")[0])
@@ -114,16 +109,12 @@ def test_user_conditionals_next_to_unconverted_sources(photo_shards):
 REBUILD_SCRIPT = textwrap.dedent(
     """
     import gc, os, sys
-    from dali_shards import sharded_pipeline
     from dali_shards.sample_data import write_sample_shards
-    from dali_shards.testing.pipelines import run_epochs
+    from dali_shards.testing.pipelines import identity_pipeline, run_epochs
 
     def make(start):
-        @sharded_pipeline(paths, fields=("cls",), map=lambda s: {"label": s["cls"]}, batch_size=2,
-                          py_num_workers=2, num_threads=1, device_id=None, py_start_method=start)
-        def pipe(label):
-            return label
-        return pipe()
+        return identity_pipeline(paths, ("cls",), outputs="label", map=lambda s: {"label": s["cls"]}, batch_size=2,
+                                 py_num_workers=2, py_start_method=start)()
 
     if __name__ == "__main__":
         paths = write_sample_shards(sys.argv[1], shard_sizes=(6, 6))
@@ -143,7 +134,5 @@ REBUILD_SCRIPT = textwrap.dedent(
 def test_pipelines_dropped_before_the_next_one_starts_do_not_hang_its_workers(tmp_path):
     """A dropped pipeline must not be finalized in the next pipeline's freshly forked workers
     (DALI's shutdown never returns there): garbage is collected before workers start."""
-    script = tmp_path / "rebuild.py"
-    script.write_text(REBUILD_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=90)
+    out = run_script(tmp_path / "rebuild.py", REBUILD_SCRIPT, tmp_path, timeout=90)
     assert out.returncode == 0 and "done" in out.stdout, out.stderr[-2000:]

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dali_shards.plan.mode import Planned
 from dali_shards.errors import ConfigError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
-from dali_shards.tools.writer import write_shard
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.packing import Packing, table_place
 from dali_shards.transfer.merge.source import MergeSource
@@ -44,20 +44,15 @@ LENGTH = {}  # index -> length of the test data
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def shards(make_shards):
     rng = np.random.default_rng(0)
     sizes = (9, 0, 14, 5, 11, 3, 8, 10, 7, 6, 12, 4)
-    folder, paths, index = tmp_path_factory.mktemp("b"), [], 0
-    for n, size in enumerate(sizes):
-        samples = []
-        for _ in range(size):
-            text = b"x" * int(rng.integers(1, 60))
-            LENGTH[index] = len(text)
-            samples.append({"__key__": f"{index:05d}", "txt": text})
-            index += 1
-        paths.append(str(folder / f"t-{n:03d}.tar"))
-        write_shard(paths[-1], samples)
-    return paths, sizes
+
+    def text(index, shard, position):
+        LENGTH[index] = int(rng.integers(1, 60))
+        return {"__key__": f"{index:05d}", "txt": b"x" * LENGTH[index]}
+
+    return make_shards(sizes, text, name="t-{shard:03d}.tar"), sizes
 
 
 def lengths_of(plan, positions):
@@ -69,8 +64,8 @@ def emitted(spec, paths, v, resume_plan=None):
     packing = Packing(("txt", "__index__"), table=spec.py_num_workers > 1, payload="txt" if spec.py_num_workers > 1 else None)
     stage = SampleStage(packing, bucket_by=Portable(lambda s: len(s["txt"]), "bucket_by"))
     rank, worker = divmod(v, spec.py_num_workers)
-    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), packing=packing, stage=stage, rank=rank, worker=worker,
-                          resume_plan=resume_plan)  # fmt: skip
+    config = WorkerConfig(mode=Planned(spec, resume_plan), urls=tuple(paths), byte_sizes=(), packing=packing, stage=stage,
+                          rank=rank, worker=worker)  # fmt: skip
     m, steps = spec.mini_batch, []
     for batch in iter(MergeSource(config)):
         if packing.table:

@@ -22,11 +22,11 @@ from dali_shards.tools.writer import write_shard
 
 
 @pytest.fixture
-def shards(tmp_path):
-    paths = [str(tmp_path / f"s-{i}.tar") for i in range(4)]
-    for i, path in enumerate(paths):
-        write_shard(path, [{"__key__": f"k{i}-{j:03d}", "txt": b"x" * (100 + j)} for j in range(3 + 5 * i)])
-    return paths
+def shards(make_shards, tmp_path):
+    def text(index, shard, position):
+        return {"__key__": f"k{shard}-{position:03d}", "txt": b"x" * (100 + position)}
+
+    return make_shards([3 + 5 * i for i in range(4)], text, name="s-{shard}.tar", folder=tmp_path)
 
 
 def test_the_manifest_holds_no_per_sample_data_and_the_table_holds_it_exactly(tmp_path, shards):

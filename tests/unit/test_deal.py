@@ -36,7 +36,7 @@ def test_pieces_cover_every_unit_once(sizes, wanted, seed, epoch):
     for j in range(len(pieces)):
         lengths[int(pieces.unit[j])] += 1
         assert len(pieces.stretches(j)) <= 2, "a piece is at most two stretches of its shard"
-    for u, k in lengths.items():
+    for u in lengths:
         mine = pieces.length[pieces.unit == u]
         assert mine.max() - mine.min() <= 1, "a unit's pieces are balanced"
 
@@ -104,7 +104,7 @@ def test_each_shard_is_read_by_about_as_many_workers_as_mixing_needs():
 def test_chunked_runs_are_permutations_whose_prefixes_are_known(n, chunk, seed, data):
     order = chunk_order(n, chunk, seed, 3, 5)
     assert sorted(order.tolist()) == list(range(n))
-    for c, start in enumerate(range(0, n, chunk)):
+    for start in range(0, n, chunk):
         assert set(order[start : start + chunk].tolist()) == set(range(start, min(n, start + chunk)))
     done = data.draw(st.integers(0, n))
     whole, taken = chunk_done(n, chunk, done, seed, 3, 5)

@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
+from dali_shards.plan.mode import Planned
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.plan.epoch import PlanSpec
-from dali_shards.sample_data import write_sample_shards
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.packing import STATUS_SKIPPED, Packing, table_place
 from dali_shards.transfer.merge.source import MergeSource
@@ -23,7 +23,7 @@ PACKING = Packing(("jpg", "cls", "__index__"), table=True, payload="jpg")
 
 def rows(spec, paths, rank, worker, **kw):
     """(index, status, cls) of every slot worker ``worker`` of ``rank`` fills, epoch 0."""
-    config = WorkerConfig(spec=spec, urls=tuple(paths), byte_sizes=(), packing=PACKING, rank=rank, worker=worker, **kw)
+    config = WorkerConfig(mode=Planned(spec), urls=tuple(paths), byte_sizes=(), packing=PACKING, rank=rank, worker=worker, **kw)
     out, m = [], spec.mini_batch
     for batch in iter(MergeSource(config)):
         table = batch[table_place(worker, spec.py_num_workers, m)]
@@ -38,8 +38,8 @@ def planned(spec, rank, worker):
 
 
 @pytest.fixture
-def shards(tmp_path):
-    return write_sample_shards(str(tmp_path), shard_sizes=SIZES)
+def shards(make_shards, tmp_path):
+    return make_shards(SIZES, folder=tmp_path)  # changed by some tests: one copy per test
 
 
 SPEC = PlanSpec(SIZES, world_size=2, batch_size=4, py_num_workers=2, shuffle=True, shuffle_block=4, seed=3)

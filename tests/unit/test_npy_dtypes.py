@@ -3,24 +3,16 @@ a ``ShardFormatError`` naming the field, the shard and the sample, with the dtyp
 when the first sample fixes the field's type (the main process, on both transfers) and in the
 workers (so that ``on_error="skip"`` skips the sample like any other bad field). No DALI."""
 
-import io
-
 import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.tar.format import RawSample
+from dali_shards.tar.members import RawSample
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
-from dali_shards.tools.writer import write_shard
+from dali_shards.testing.shards import npy, write_shards
 from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import DALI_DTYPES
-
-
-def npy(array):
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=True)
-    return buf.getvalue()
 
 
 UNCARRIED = {
@@ -62,16 +54,12 @@ def test_a_worker_names_an_npy_field_dali_cannot_carry(array):
 
 def shards(tmp_path, first):
     """Two shards of 4 samples of float32 .npy members; the first sample's is ``first``."""
-    paths = []
-    for s in range(2):
-        path = str(tmp_path / f"a-{s}.tar")
-        members = [{"__key__": f"{s}{i:05d}", "npy": npy(np.full(2, i, np.float32)), "cls": b"%d" % i}
-                   for i in range(4)]  # fmt: skip
-        if s == 0:
-            members[0]["npy"] = npy(first)
-        write_shard(path, members)
-        paths.append(path)
-    return paths
+
+    def sample(index, shard, i):
+        array = first if index == 0 else np.full(2, i, np.float32)
+        return {"__key__": f"{shard}{i:05d}", "npy": npy(array), "cls": b"%d" % i}
+
+    return write_shards(tmp_path, (4, 4), sample, name="a-{shard}.tar")
 
 
 @pytest.mark.parametrize("transfer", ["ring", "merge"])

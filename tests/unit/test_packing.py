@@ -7,7 +7,7 @@ import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
 from dali_shards.shm.packing import Packing
-from dali_shards.tar.format import RawSample
+from dali_shards.tar.members import RawSample
 
 
 def jpeg(filler: int) -> bytes:

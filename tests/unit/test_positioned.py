@@ -12,12 +12,11 @@ from dali_shards.io.positioned import LocalFiles, sample_in_span
 from dali_shards.io.storage import open_shard
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.scan import scan_tar
-from dali_shards.sample_data import write_sample_shards
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    paths = write_sample_shards(str(tmp_path_factory.mktemp("pos")), shard_sizes=(7, 0, 5, 9, 3))
+def shards(make_shards):
+    paths = make_shards((7, 0, 5, 9, 3))
     offsets = []
     for p in paths:
         with open_shard(p) as f:

@@ -5,15 +5,15 @@ import pickle
 
 import pytest
 
+from dali_shards.plan.mode import Planned, Streaming
 from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
-from dali_shards.sample_data import write_sample_shards
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return write_sample_shards(str(tmp_path_factory.mktemp("r")), shard_sizes=(9, 0, 14, 1, 6))
+def shards(make_shards):
+    return make_shards((9, 0, 14, 1, 6))
 
 
 def options(paths, **kw):
@@ -30,7 +30,7 @@ def test_one_picklable_worker_config_per_local_worker(shards):
         assert again.urls == tuple(shards) and again.spec == resolved.spec and again.on_error == "skip"
         assert again.packing.table and again.shuffle_buffer == 5
     assert resolved.spec.shard_sizes == (9, 0, 14, 1, 6) and resolved.spec.py_num_workers == 3
-    assert resolved.bytes_per_sample_hint > 0 and resolved.streaming is None
+    assert resolved.bytes_per_sample_hint > 0 and isinstance(resolved.mode, Planned)
 
 
 def test_a_resume_state_becomes_the_workers_first_plan(shards):
@@ -39,7 +39,7 @@ def test_a_resume_state_becomes_the_workers_first_plan(shards):
     state = make_info_state(first, plan, 1)
     resumed = resolve(options(shards, shuffle=True, resume_from=state))
     assert resumed.start_epoch == 2 and resumed.resume_plan.start_step == 1 and resumed.steps_before == 1
-    assert all(w.resume_plan == resumed.resume_plan and w.start_epoch == 2 for w in resumed.workers)
+    assert all(w.mode.resume_plan == resumed.resume_plan and w.start_epoch == 2 for w in resumed.workers)
     with pytest.raises(ConfigError, match="another order"):
         resolve(options(list(reversed(shards)), shuffle=True, resume_from=state))
 
@@ -52,6 +52,6 @@ def make_info_state(resolved, plan, steps):
 
 def test_the_streaming_mode_gives_streaming_specs_to_the_workers(shards):
     resolved = resolve(options(shards, samples_per_epoch=40, shuffle=True, shuffle_buffer=8))
-    assert resolved.streaming is not None and all(w.spec is resolved.streaming for w in resolved.workers)
-    assert resolved.spec.steps_per_epoch == resolved.streaming.steps_per_epoch
+    assert isinstance(resolved.mode, Streaming) and all(w.mode is resolved.mode for w in resolved.workers)
+    assert resolved.spec.steps_per_epoch == resolved.mode.spec.steps_per_epoch
     assert resolved.spec.shuffle and resolved.spec.shuffle_buffer == 8

@@ -15,8 +15,8 @@ from dali_shards.tools.writer import ShardWriter, write_shard
 
 
 @pytest.fixture()
-def shards(tmp_path):
-    return write_sample_shards(str(tmp_path), shard_sizes=(3, 0, 5))
+def shards(make_shards, tmp_path):
+    return make_shards((3, 0, 5), folder=tmp_path)
 
 
 def test_brace_glob_list_and_manifest_agree(tmp_path, shards):

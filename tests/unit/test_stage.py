@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError, ShardMapError
-from dali_shards.tar.format import RawSample
+from dali_shards.tar.members import RawSample
 from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, classify, conform
 from dali_shards.worker.stage import SampleStage

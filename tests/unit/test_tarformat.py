@@ -5,20 +5,16 @@ import pytest
 
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import open_shard
-from dali_shards.tar.format import TarReader, split_key
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.members import split_key
 from dali_shards.tar.scan import count_samples
-from dali_shards.testing.tars import AWKWARD, make_tar
-
-
-def ours(path, **kw):
-    with open_shard(path) as f:
-        return [(s.key, dict(s.data)) for s in TarReader(f, path).samples(**kw)]
+from dali_shards.testing.tars import AWKWARD, make_tar, read_samples
 
 
 def test_awkward_members_are_read_as_webdataset_reads_them(tmp_path):
     """(The same archives against the webdataset library itself: tests/pipeline/test_tarformat_webdataset.py.)"""
     path = make_tar(tmp_path / "shard.tar", AWKWARD)
-    got = ours(path)
+    got = read_samples(path)
     assert [k for k, _ in got] == ["a/dir/000", "001", "x" * 120 + "/002", "003", "001", "empty"]
     assert got[0][1] == {"jpg": b"jpeg-0", "cls": b"3", "seg.png": b"mask-0"}
     with open_shard(path) as f:
@@ -30,7 +26,7 @@ def test_window_of_samples_and_selected_members(tmp_path):
     for i in range(10):
         members += [(f"{i:03d}.jpg", b"j%d" % i), (f"{i:03d}.cls", b"%d" % i)]
     path = make_tar(tmp_path / "s.tar", members)
-    got = ours(path, want={"cls"}, start=3, stop=6)
+    got = read_samples(path, want={"cls"}, start=3, stop=6)
     assert got == [("003", {"cls": b"3"}), ("004", {"cls": b"4"}), ("005", {"cls": b"5"})]
     with open_shard(path) as f:
         positions = [s.position for s in TarReader(f, path).samples(start=8)]
@@ -39,7 +35,7 @@ def test_window_of_samples_and_selected_members(tmp_path):
 
 def test_empty_archive_has_no_samples(tmp_path):
     path = make_tar(tmp_path / "empty.tar", [])
-    assert ours(path) == []
+    assert read_samples(path) == []
 
 
 def test_truncated_shard_is_named(tmp_path):
@@ -48,7 +44,7 @@ def test_truncated_shard_is_named(tmp_path):
     cut = tmp_path / "cut.tar"
     cut.write_bytes(data[:3000])
     with pytest.raises(ShardFormatError, match="truncated") as err:
-        ours(str(cut))
+        read_samples(str(cut))
     assert err.value.url == str(cut) and "re-create" in str(err.value)
 
 
@@ -59,7 +55,7 @@ def test_corrupt_header_is_named(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match="checksum"):
-        ours(str(bad))
+        read_samples(str(bad))
 
 
 def test_signed_checksums_of_old_tars_are_accepted(tmp_path):
@@ -73,14 +69,14 @@ def test_signed_checksums_of_old_tars_are_accepted(tmp_path):
         data[offset + 148 : offset + 156] = b"%06o\0 " % signed
     old = tmp_path / "old.tar"
     old.write_bytes(bytes(data))
-    assert ours(str(old)) == [("caf\u00e9", {"txt": b"x", "cls": b"2"})]
+    assert read_samples(str(old)) == [("caf\u00e9", {"txt": b"x", "cls": b"2"})]
 
 
 def test_not_a_tar_file(tmp_path):
     bad = tmp_path / "notes.tar"
     bad.write_bytes(b"this is not a tar archive at all\n" * 40)
     with pytest.raises(ShardFormatError, match=r"notes\.tar"):
-        ours(str(bad))
+        read_samples(str(bad))
 
 
 def test_duplicate_member_in_a_sample(tmp_path):
@@ -111,7 +107,7 @@ def test_a_small_file_that_is_not_a_tar_is_not_called_truncated(tmp_path, conten
     bad = tmp_path / "small.tar"
     bad.write_bytes(content)
     with pytest.raises(ShardFormatError) as err:
-        ours(str(bad))
+        read_samples(str(bad))
     text = str(err.value)
     assert err.value.url == str(bad) and "not a tar archive" in text and "no valid tar header at byte 0" in text
     assert "truncated" not in text and "cut short" not in err.value.detail
@@ -123,5 +119,5 @@ def test_a_tar_cut_inside_its_first_header_is_still_truncated(tmp_path):
     cut = tmp_path / "cut.tar"
     cut.write_bytes(open(path, "rb").read()[:300])
     with pytest.raises(ShardFormatError, match="truncated tar archive.*first header") as err:
-        ours(str(cut))
+        read_samples(str(cut))
     assert "re-create" in str(err.value)

@@ -6,6 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
+from dali_shards.plan.mode import Planned
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.shm.packing import Packing, table_place
 from dali_shards.catalog.scan import scan_shards
@@ -18,13 +19,13 @@ PACKING = Packing(("cls", "__index__"))
 
 
 def make_source(spec, urls, packing, rank, worker, **kw):
-    config = WorkerConfig(spec=spec, urls=tuple(urls), byte_sizes=(), packing=packing, rank=rank, worker=worker, **kw)
+    config = WorkerConfig(mode=Planned(spec), urls=tuple(urls), byte_sizes=(), packing=packing, rank=rank, worker=worker, **kw)
     return MergeSource(config)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    paths = write_sample_shards(str(tmp_path_factory.mktemp("ws")), shard_sizes=(9, 0, 14, 1, 6))
+def shards(make_shards):
+    paths = make_shards((9, 0, 14, 1, 6))
     return paths, tuple(s.samples for s in scan_shards(paths))
 
 

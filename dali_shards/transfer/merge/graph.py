@@ -84,14 +84,14 @@ _DALI_TYPES = {name: to_dali_type(name) for name in sorted(DALI_DTYPES)}
 
 
 @do_not_convert
-def _array(data: DataNode, header: DataNode, dims: int, spec) -> DataNode:
-    """An array field: its bytes as its dtype, in the shape its header slots give."""
+def _array(data: DataNode, header: DataNode, spec) -> DataNode:
+    """An array field: its bytes as its dtype, in the shape its header columns give."""
     typed = data if spec.dtype == "uint8" else fn.reinterpret(data, dtype=_DALI_TYPES[spec.dtype])
     if spec.ndim == 0:
         return fn.reshape(typed, shape=[])
     if spec.ndim == 1:
         return typed
-    return fn.reshape(typed, shape=fn.cast(header[dims : dims + spec.ndim], dtype=DALIDataType.INT32))
+    return fn.reshape(typed, shape=fn.cast(header[spec.shape_columns], dtype=DALIDataType.INT32))
 
 
 @do_not_convert
@@ -99,10 +99,11 @@ def _fields(header: DataNode, heap: DataNode, payload, packing: Packing) -> List
     out = []
     for spec in packing.fields:
         if spec.kind == FieldKind.PAYLOAD:
-            out.append(payload if spec.dtype is None else _array(payload, header, spec.column, spec))
+            out.append(payload if spec.dtype is None else _array(payload, header, spec))
         elif spec.kind in (FieldKind.BYTES, FieldKind.KEY, FieldKind.ARRAY):
-            data = _cut(heap, header[spec.column : spec.column + 1], header[spec.column + 1 : spec.column + 2])
-            out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec.column + 2, spec))
+            offset, length = spec.offset_column, spec.length_column
+            data = _cut(heap, header[offset : offset + 1], header[length : length + 1])
+            out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec))
         elif spec.kind == FieldKind.VALID:
             out.append(header[spec.column] == 1)  # status: 1 valid, 0 padding, -1 skipped
         else:

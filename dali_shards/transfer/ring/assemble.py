@@ -63,8 +63,8 @@ def assemble(packing: Packing, minis: Sequence[Any], wrap: Callable[[np.ndarray]
 
 def _bytes_field(minis: Sequence[Any], rows: np.ndarray, spec: FieldSpec, wrap: Callable[[np.ndarray], Any]) -> Any:
     """A byte (or array) field's batch: dense where every sample has the same small size and shape."""
-    lengths = rows[:, spec.column + 1]
-    shapes = rows[:, spec.column + 2 : spec.column + 2 + (spec.ndim or 0)] if spec.kind == FieldKind.ARRAY else None
+    lengths = rows[:, spec.length_column]
+    shapes = rows[:, spec.shape_columns] if spec.kind == FieldKind.ARRAY else None
     n = int(lengths[0])
     same = n <= DENSE_BYTES and (lengths == n).all() and (shapes is None or (shapes == shapes[0]).all())
     if same:
@@ -105,4 +105,4 @@ def _as_array(data: np.ndarray, row: np.ndarray, spec: FieldSpec) -> np.ndarray:
     if spec.ndim == 1:
         return typed
     assert spec.ndim is not None  # an array's
-    return typed.reshape([int(d) for d in row[spec.column + 2 : spec.column + 2 + spec.ndim]])
+    return typed.reshape([int(d) for d in row[spec.shape_columns]])

@@ -5,12 +5,13 @@ each mini-batch seen as views of the worker's shared memory until it is released
 from __future__ import annotations
 
 import multiprocessing.connection
-import pickle
+import json
 from typing import Any, List, NamedTuple, Optional, Union
 
 import numpy as np
 
-from dali_shards.errors import ShardMapError, WorkerError
+from dali_shards.shm.packed import table_rows
+from dali_shards.errors import ShardMapError, WorkerError, rebuilt
 from dali_shards.pids import describe_exit
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
@@ -79,7 +80,7 @@ class RingConsumer:
         assert segment is not None  # received with the slot's first generation
         table = segment.array[: int(msg.size)]
         count = int(msg.count)
-        rows = table[: count * 8 * self.header_columns].view(np.int64).reshape(count, self.header_columns)
+        rows = table_rows(table, count, self.header_columns)
         return MiniBatch(int(msg.epoch), int(msg.step), slot, rows, table)
 
     def release(self, slot: int) -> None:
@@ -113,16 +114,16 @@ class RingConsumer:
                           f"{describe_exit(self.process.exitcode)}")  # fmt: skip
 
     def _error(self) -> BaseException:
-        """The exception a worker sent (see ``RingProducer.fail``), its traceback as its cause."""
+        """The error a worker sent (see ``RingProducer.fail``), rebuilt from its fields (a class of
+        the allowlist: ``errors.rebuilt``), its traceback as its cause; any other a ``WorkerError``
+        with the traceback."""
         try:
-            pickled, text = pickle.loads(self.conn.recv_bytes())
+            sent = json.loads(self.conn.recv_bytes())
+            text = str(sent["traceback"])
         except Exception as err:  # noqa: BLE001 - the worker died while sending it
             return self._gone(f"it failed, and its error could not be read ({type(err).__name__}: {err})")
-        try:
-            exc = pickle.loads(pickled) if pickled is not None else None
-        except Exception:  # noqa: BLE001 - a class this process cannot load: its text instead
-            exc = None
-        if not isinstance(exc, BaseException):
+        exc = rebuilt(sent.get("error"))
+        if exc is None:
             return WorkerError(f"a dali_shards worker process (pid {self.process.pid}) failed:\n{text}")
         if exc.__cause__ is None and not isinstance(exc, ShardMapError):  # a ShardMapError carries the user's
             exc.__cause__ = RemoteTraceback(text)

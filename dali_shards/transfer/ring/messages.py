@@ -16,7 +16,7 @@ from typing import Any
 # kinds of messages: worker -> main
 BATCH = 1  # a mini-batch of ``count`` samples is in ``slot`` (``size`` bytes); a new segment's descriptor follows
 END = 2  # epoch ``epoch`` ended after ``step`` steps (all of them, or where the main process cut it)
-ERROR = 3  # the worker failed: its exception (pickled, or None) and traceback text follow
+ERROR = 3  # the worker failed: its error as data (errors.carried_fields, JSON) and traceback text follow
 # main -> worker
 FREE = 4  # ``slot`` may be written again
 STOP = 5  # end the worker process

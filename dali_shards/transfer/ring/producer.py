@@ -9,12 +9,12 @@ slot is written again only after the main process said it is free. Imports no DA
 
 from __future__ import annotations
 
-import pickle
+import json
 import traceback
 from collections import deque
 from typing import Any, Deque, List, Optional
 
-from dali_shards.errors import WorkerError
+from dali_shards.errors import WorkerError, carried_fields
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
 from dali_shards.shm.packing import Packing
@@ -67,20 +67,15 @@ class RingProducer:
         messages.send(self.conn, messages.END, epoch=epoch, step=steps)
 
     def fail(self, exc: BaseException) -> None:
-        """Hand ``exc`` to the main process: pickled (None where it cannot be), with its traceback
-        as text. What is not an ``Exception`` (``SystemExit`` escaping the library's own code...)
-        goes as a ``WorkerError``, so that it does not end the main process quietly."""
+        """Hand ``exc`` to the main process as data (``errors.carried_fields``, the same carrier the
+        merge transfer's errors take: JSON, never pickled code), with its traceback as text. What is
+        not an ``Exception`` (``SystemExit`` escaping the library's own code...) goes as a
+        ``WorkerError``, so that it does not end the main process quietly."""
         if not isinstance(exc, Exception):
             exc = WorkerError(f"a dali_shards worker ended with {type(exc).__name__}: {exc}")
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        pickled: Optional[bytes]
-        try:
-            pickled = pickle.dumps(exc)
-            pickle.loads(pickled)
-        except Exception:  # noqa: BLE001 - any exception: its text travels alone
-            pickled = None
         messages.send(self.conn, messages.ERROR)
-        self.conn.send_bytes(pickle.dumps((pickled, text)))
+        self.conn.send_bytes(json.dumps({"error": carried_fields(exc), "traceback": text}).encode())
 
     def wait_for_stop(self) -> None:
         """Wait until the main process ends this worker (or is gone)."""

@@ -1,0 +1,43 @@
+"""The sample that stands in for a skipped one: the same rule for every source. Imports no DALI.
+
+A skipped sample's place keeps its index (so the iterator knows which was skipped) and carries a
+real sample, so that DALI's operators stay fed: the last good sample the worker emitted in this
+epoch, else the next good one it reads. A worker that finds none in its whole part of the epoch
+raises a ``ShardFormatError`` saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from dali_shards.errors import ShardFormatError
+from dali_shards.shm.packed import Packed
+
+
+class StandIn:
+    """The stand-in of one worker epoch. ``remember`` the good samples as they are emitted (or only
+    their place, read again with ``reread`` if a stand-in is needed)."""
+
+    def __init__(self, config: Any, reread: Optional[Callable[[Any], Any]] = None):
+        self.config, self.reread = config, reread
+        self.packed: Optional[Packed] = None
+        self.place: Any = None
+
+    def remember(self, packed: Optional[Packed] = None, place: Any = None) -> None:
+        self.packed, self.place = packed, place
+
+    def sample(self, more: Iterable[Any] = ()) -> Packed:
+        """The stand-in: the last good sample, else the first good one of ``more``."""
+        if self.packed is None and self.place is not None and self.reread is not None:
+            item = self.reread(self.place)
+            self.packed = item if isinstance(item, Packed) else None
+        if self.packed is None:
+            self.packed = next((item for item in more if isinstance(item, Packed)), None)
+        if self.packed is None:
+            cfg = self.config
+            raise ShardFormatError(
+                cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
+                f"worker {cfg.virtual_worker} found no readable sample in its part of the epoch to stand in for the "
+                "skipped ones", hint="check the shards with `dali-shards inspect`",
+            )  # fmt: skip
+        return self.packed

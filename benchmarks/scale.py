@@ -14,7 +14,12 @@ Cases (``--cases``, default all):
 - ``readers-2000``, ``readers-20000``: workers reading a piece of each shard in an epoch (mean over
   shards), 2,000 shards x 200 and 20,000 x 20 at 64 x 4;
 - ``first-batch``: a rank's time from ``@sharded_pipeline`` to its first batch through the public
-  API, 20k tiny shards at world 512 (rank 0, 2 workers, batch 32, CPU).
+  API, 20k tiny shards at world 512 (rank 0, 2 workers, batch 32, CPU);
+- ``mix-10x100k``: ``order-1m`` for a mix of 10 streams of 100k shards x 10k samples, each drawn
+  once an epoch (the same draws as one dataset of 1M shards); ``mix-10x100k-skewed``,
+  ``mix-10x100k-stratified``: in proportions 1 to 10 (streams drawn in part or more than once),
+  ``batching`` random or stratified; ``mix-elastic-10m``: ``elastic-10m`` for a stratified mix of
+  10 streams of 1k shards x 1k samples in proportions 1 to 10.
 
 Prints a table and writes ``benchmarks/results/scale.json``. Pure planning cases import no DALI.
 To measure another checkout (e.g. the release before), run it with ``PYTHONPATH=<that checkout>``
@@ -41,6 +46,9 @@ TARGETS = {  # (seconds, MiB) or readers per shard: the issue's targets on a 2-c
     "elastic-10m": (2.0, 300), "elastic-100m": (5.0, 500),
     "manifest-10k": (1.0, 150), "manifest-100k": (3.0, 400),
     "readers-2000": 9.0, "readers-20000": 2.0, "first-batch": None,
+    # a mix of 10 streams costs no more than one dataset of as many shards (order-1m's, elastic-10m's)
+    "mix-10x100k": (2.0, 500), "mix-10x100k-skewed": (2.0, 500), "mix-10x100k-stratified": (2.0, 500),
+    "mix-elastic-10m": (2.0, 300),
 }  # fmt: skip
 
 
@@ -65,15 +73,26 @@ def reset_peak() -> None:
         pass
 
 
-def spec_of(shards: int, per_shard: int, world: int, workers: int):
+def spec_of(shards: int, per_shard: int, world: int, workers: int, streams: int = 0, batching: str = "random",
+            skewed: bool = False):  # fmt: skip
+    """The spec of ``shards`` shards, as one dataset or as a mix of ``streams`` streams of equal
+    shards, each drawn once per epoch or (``skewed``) in proportions 1, 2, ..., ``streams`` (an
+    epoch of as many samples: some streams drawn in part, others more than once)."""
     from dali_shards.plan.epoch import PlanSpec
+    from dali_shards.plan.mixture import MixSpec, largest_remainder
 
-    return PlanSpec((per_shard,) * shards, world_size=world, py_num_workers=workers, batch_size=256, seed=1, shuffle=True)
+    mix = None
+    if streams:
+        bounds = tuple(i * shards // streams for i in range(streams + 1))
+        weights = list(range(1, streams + 1)) if skewed else [1] * streams
+        mix = MixSpec(bounds, tuple(largest_remainder(shards * per_shard, weights)), batching)
+    return PlanSpec((per_shard,) * shards, world_size=world, py_num_workers=workers, batch_size=256, seed=1, shuffle=True,
+                    mixture=mix)  # fmt: skip
 
 
-def case_order(shards: int, per_shard: int, world: int) -> Callable[[], Dict[str, Any]]:
+def case_order(shards: int, per_shard: int, world: int, **mix: Any) -> Callable[[], Dict[str, Any]]:
     def run() -> Dict[str, Any]:
-        spec = spec_of(shards, per_shard, world, 8)
+        spec = spec_of(shards, per_shard, world, 8, **mix)
         v = spec.num_virtual_workers // 2 + 3
         plan = spec.epoch(1)
         emissions = plan.worker_emissions(v)
@@ -82,14 +101,14 @@ def case_order(shards: int, per_shard: int, world: int) -> Callable[[], Dict[str
     return run
 
 
-def case_elastic(shards: int, per_shard: int, world: int, after: int) -> Callable[[], Dict[str, Any]]:
+def case_elastic(shards: int, per_shard: int, world: int, after: int, **mix: Any) -> Callable[[], Dict[str, Any]]:
     def run() -> Dict[str, Any]:
         from dali_shards.plan.resume import make_state, resume_point
 
-        spec = spec_of(shards, per_shard, world, 8)
+        spec = spec_of(shards, per_shard, world, 8, **mix)
         plan = spec.epoch(2)
         state = make_state(spec, 2, [], plan, plan.steps // 2)
-        new = spec_of(shards, per_shard, after, 8)
+        new = spec_of(shards, per_shard, after, 8, **mix)
         epoch, resumed, _ = resume_point(new, state)
         emissions = resumed.worker_emissions(new.num_virtual_workers // 2)
         return {"left": int(resumed.available), "emitted": len(emissions), "epoch": epoch}
@@ -187,6 +206,10 @@ def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
         "readers-2000": lambda: case_readers(2000, 200),
         "readers-20000": lambda: case_readers(20_000, 20),
         "first-batch": lambda: case_first_batch(make_tiny_shards(root, 20_000)),
+        "mix-10x100k": lambda: case_order(1_000_000, 10_000, 4096, streams=10),
+        "mix-10x100k-skewed": lambda: case_order(1_000_000, 10_000, 4096, streams=10, skewed=True),
+        "mix-10x100k-stratified": lambda: case_order(1_000_000, 10_000, 4096, streams=10, batching="stratified", skewed=True),
+        "mix-elastic-10m": lambda: case_elastic(10_000, 1000, 64, 48, streams=10, batching="stratified", skewed=True),
     }
 
 

@@ -23,6 +23,7 @@ from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.plan.epoch import PLAN_VERSION, EpochPlan, PlanSpec, plan_epoch
+from dali_shards.plan.mixture import Stream
 from dali_shards.options import ShardedOptions, StorageOptions
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.catalog.sources import resolve_source
@@ -72,6 +73,7 @@ __all__ = [
     "StorageOptions",
     "ShardedOptions",
     "StreamingSpec",
+    "Stream",
     "ShardInfo",
     "read_manifest",
     "write_manifest",

@@ -12,15 +12,13 @@ from typing import List, Optional, Sequence, Tuple
 
 from dali_shards import __version__
 from dali_shards.errors import ConfigError, DaliShardsError, ShardAccessError
-from dali_shards.options import option_default
-from dali_shards.tools.plan_report import plan_summary
+from dali_shards.tools.plan_command import add_plan_options, run_plan
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.scan import scan_shard
 from dali_shards.catalog.manifest import read_manifest, write_manifest
-from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote
-from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, folder_manifest, is_manifest, resolve_source
+from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, folder_manifest, is_manifest
 from dali_shards.io.storage import local_path
 from dali_shards.tools.write_command import add_write_command, human_size, parse_size  # noqa: F401 - parse_size: API
 
@@ -137,41 +135,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # -- plan ---------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
-    config = _storage(args)
-    shards: List[ShardInfo] = [s for p in args.patterns for s in resolve_source(p, config=config)]
-    spec = PlanSpec(
-        tuple(s.samples for s in shards),
-        world_size=args.world_size,
-        py_num_workers=args.workers,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        shuffle=args.shuffle,
-        last_batch=args.last_batch,
-        shuffle_buffer=args.shuffle_buffer,
-    )
-    summary = plan_summary(spec, shards, args.epoch)
-    ranks = summary["ranks"]
-    if args.json:
-        print(json.dumps(summary, indent=1))
-        return 0
-    print(
-        f"{spec.num_samples} samples in {len(shards)} shards ({summary['empty_shards']} empty); "
-        f"{spec.world_size} ranks x {spec.py_num_workers} workers = {spec.num_virtual_workers} virtual workers; "
-        f"batch {spec.batch_size} per rank ({spec.mini_batch} per worker)"
-    )
-    print(
-        f"epoch {args.epoch} ({'shuffled, seed %d' % spec.seed if spec.shuffle else 'canonical order'}, "
-        f"last_batch={spec.last_batch}): {spec.steps_per_epoch} steps on every rank; "
-        f"{spec.planned_samples} samples delivered, {spec.padding_per_epoch} padding slots, "
-        f"{spec.dropped_per_epoch} dropped"
-    )
-    for r in ranks:
-        print(f"rank {r['rank']}:")
-        for w in r["workers"]:
-            reads = ", ".join(f"{x['shard']}[{x['samples'][0]}:{x['samples'][1]}]" for x in w["reads"])
-            pad = f" + {w['padding']} padding" if w["padding"] else ""
-            print(f"  worker {w['worker']} (virtual {w['virtual_worker']}): {w['samples']} samples{pad}; reads {reads}")
-    return 0
+    return run_plan(args, _storage(args))
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -193,19 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _shards_parser(sub, "inspect", cmd_inspect)
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_scan_options(p)
-    p = _shards_parser(sub, "plan", cmd_plan)
-    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
-    p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
-    p.add_argument("--batch-size", type=int, required=True, help="samples per batch, per rank")
-    p.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
-    p.add_argument("--seed", type=int, default=option_default("seed"), help="shuffle seed (default %(default)s)")
-    p.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch (shuffle=True)")
-    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"),
-                   help="pad: every sample once, the last batches padded; drop: whole batches only "
-                   "(default %(default)s)")  # fmt: skip
-    p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"),
-                   help="samples each worker holds for its buffer shuffle (default %(default)s)")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p = _shards_parser(sub, "plan", cmd_plan, nargs="*")
+    add_plan_options(p)
     _add_storage_option(p)
     return parser
 
@@ -267,18 +220,18 @@ _SHARD_COMMANDS = {  # name: (help, description)
     "plan": (
         "who reads which shards, steps per rank, padding and dropped samples",
         "Print an epoch's plan: which shards (and samples) each rank's workers read, steps per rank, padding and "
-        "dropped samples. Needs no DALI.",
+        "dropped samples; for a mix of datasets (--stream), each stream's draws. Needs no DALI.",
     ),
 }
 
 
-def _shards_parser(sub, name: str, run) -> argparse.ArgumentParser:
+def _shards_parser(sub, name: str, run, nargs: str = "+") -> argparse.ArgumentParser:
     """A subcommand over shards given as patterns."""
     help_, description = _SHARD_COMMANDS[name]
     p = sub.add_parser(name, help=help_, description=description)
     p.add_argument(
         "patterns",
-        nargs="+",
+        nargs=nargs,
         help="shards: brace patterns, globs, paths, manifests, or directories (read as pipelines read them: the "
         "shards their manifest.json lists, else their tar files)",
     )

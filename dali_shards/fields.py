@@ -31,11 +31,12 @@ class FieldKind(StrEnum):
     KEY = "key"  # the sample's key (bytes)
     INDEX = "index"  # its position in the canonical order (header slot 0)
     VALID = "valid"  # its status (header slot 1)
+    STREAM = "stream"  # a mix's stream it was drawn from (one column, from its index)
 
 
-KEY, INDEX, VALID = "__key__", "__index__", "__valid__"
-SPECIAL_FIELDS = (KEY, INDEX, VALID)
-SPECIAL_KINDS = {KEY: FieldKind.KEY, INDEX: FieldKind.INDEX, VALID: FieldKind.VALID}
+KEY, INDEX, VALID, STREAM = "__key__", "__index__", "__valid__", "__stream__"
+SPECIAL_FIELDS = (KEY, INDEX, VALID, STREAM)
+SPECIAL_KINDS = {KEY: FieldKind.KEY, INDEX: FieldKind.INDEX, VALID: FieldKind.VALID, STREAM: FieldKind.STREAM}
 INT_EXTENSIONS = frozenset({"cls", "index", "label"})
 Decoder = Callable[[bytes], Any]
 FieldInfo = Tuple[str, FieldKind, Tuple[str, ...]]  # name, kind, extensions

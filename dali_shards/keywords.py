@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 Fields = Union[str, Sequence[str]]
-Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], Sequence[Any]]  # (the last: Stream objects)
 
 
 class ShardedKeywords(TypedDict, total=False):
@@ -46,6 +46,8 @@ class ShardedKeywords(TypedDict, total=False):
     bucket_by: Optional[Callable[[Mapping[str, Any]], int]]
     bucket_window: int
     transfer: Union[Transfer, Literal["ring", "merge"]]
+    epoch_size: Optional[int]
+    batching: Literal["random", "stratified"]
     # remote storage
     storage_options: Optional[Mapping[str, Any]]
     read_ahead: int

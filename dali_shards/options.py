@@ -205,6 +205,8 @@ class ShardedOptions:
     bucket_by: Optional[Callable[..., Any]] = None
     bucket_window: int = 1024
     transfer: Transfer = Transfer.RING
+    epoch_size: Optional[int] = None
+    batching: str = "random"
     storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
@@ -241,6 +243,24 @@ class ShardedOptions:
         if not isinstance(self.storage, StorageOptions):
             raise ConfigError(f"storage must be a StorageOptions, got {self.storage!r}")
         self._check_stage()
+        self._check_mix()
+
+    def _check_mix(self) -> None:
+        """``epoch_size``, ``batching``, and what a mix of streams can go with."""
+        object.__setattr__(self, "epoch_size", _int("epoch_size", self.epoch_size, 1, optional=True))
+        if self.batching not in BATCHING:
+            raise ConfigError(f"batching must be one of {BATCHING}, got {self.batching!r}")
+        if self.batching == "stratified" and not self.mixing:
+            raise ConfigError("batching='stratified' keeps each stream's share in every batch: it needs a mix of streams "
+                              "(a list of Stream objects as the source)")  # fmt: skip
+        if self.batching == "stratified" and self.bucket_by is not None:
+            raise ConfigError("batching='stratified' keeps each stream's share in every batch, bucket_by= reorders "
+                              "samples across the batches of a window: give one or the other")  # fmt: skip
+        if self.mixing and self.streaming:
+            raise ConfigError(
+                "a mix of streams (Stream objects, or epoch_size=) plans exact per-epoch counts from the shards' sample "
+                "counts; samples_per_epoch= streams without counts: give one or the other"
+            )
 
     def _check_stage(self) -> None:
         """The worker-side Python stage: ``map``, ``decoders``, ``bucket_by``, ``bucket_window``."""
@@ -256,6 +276,11 @@ class ShardedOptions:
         object.__setattr__(self, "bucket_window", _int("bucket_window", self.bucket_window, 1))
         if self.bucket_by is not None and self.streaming:
             raise ConfigError("bucket_by needs planned epochs: it cannot be used with samples_per_epoch")
+
+    @property
+    def mixing(self) -> bool:
+        """True for a mix of streams: ``Stream`` objects as the source, or ``epoch_size`` given."""
+        return _is_mix(self.source) or self.epoch_size is not None
 
     @property
     def streaming(self) -> bool:
@@ -288,7 +313,20 @@ class ShardedOptions:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in flat.items()}
 
 
+BATCHING = ("random", "stratified")
+
+
+def _is_mix(source: Any) -> bool:
+    """A mix: a tuple of ``Stream`` objects (``plan.mixture``; told by their attributes, so that
+    this layer imports nothing above it)."""
+    return isinstance(source, tuple) and bool(source) and all(hasattr(s, "proportion") and hasattr(s, "source") for s in source)
+
+
 def _source(source: Any) -> Any:
+    if isinstance(source, (list, tuple)) and source and any(hasattr(s, "proportion") for s in source):
+        if not all(hasattr(s, "proportion") and hasattr(s, "source") for s in source):
+            raise ConfigError(f"a mix is a list of Stream objects only (wrap each source in Stream()), got {source!r}")
+        return tuple(source)
     if isinstance(source, (str, os.PathLike)):
         if not os.fspath(source):
             raise ConfigError("source is empty: give shards as a pattern, a manifest, a directory or a list")

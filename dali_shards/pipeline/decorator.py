@@ -72,8 +72,11 @@ def sharded_pipeline(
         source: shards -- a brace pattern, a glob, a manifest (``.json``), or a list of these;
             local paths or URLs (``s3://``, ``gs://``, ``http(s)://``, ``file://``). Remote shards
             take their sample counts from a manifest (given, or ``manifest.json`` beside them).
+            A list of ``Stream`` objects is a mix of datasets, each drawn an exact number of
+            times per epoch (see ``dali_shards.Stream`` and docs/mixing.md).
         fields: member extensions (``"jpg"``, ``"jpg;png"`` for alternatives, ``"cls"``) or
-            ``"__key__"``, ``"__index__"``, ``"__valid__"``; passed to the function in order.
+            ``"__key__"``, ``"__index__"``, ``"__valid__"``, ``"__stream__"`` (a mix's stream);
+            passed to the function in order.
         batch_size: samples per batch on this rank; a multiple of ``py_num_workers``.
         py_num_workers: Python worker processes of this rank, each reading its own shards.
 
@@ -151,6 +154,10 @@ def sharded_pipeline(
             ``bucket_window`` (per worker, whole steps) into batches of similar length, in a batch
             order its rank's workers share; every sample still once, equal steps, resumable.
         bucket_window: samples per worker bucketed at once (rounded down to whole steps).
+        epoch_size: a mix's samples per epoch (default: its streams' counts summed); the
+            ``proportion`` streams share what the others leave of it.
+        batching: a mix's batches: ``"random"`` (all streams shuffled together) or
+            ``"stratified"`` (every global batch holds each stream's share, within one).
         transfer: how the workers' samples reach DALI. ``"ring"`` (default): the library's own
             worker processes (``py_start_method`` fork or spawn; fork works after CUDA is
             initialised too) write each step's samples into shared memory, and one external

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -65,32 +65,42 @@ def lost_shards(shards: Sequence[Any]) -> List[Dict[str, Any]]:
     ]
 
 
-def summarize(epoch: int, ranks: Sequence, expected: np.ndarray, lost: Sequence[Dict[str, Any]] = ()) -> Dict:
+def summarize(
+    epoch: int, ranks: Sequence, expected: np.ndarray, lost: Sequence[Dict[str, Any]] = (),
+    stream_of: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+) -> Dict:  # fmt: skip
     """The audit report of an epoch from every rank's ``(indices, skipped, steps)``; ``lost``: the
-    dataset's damaged shards (see ``lost_shards``)."""
+    dataset's damaged shards (see ``lost_shards``). Samples are compared draw for draw: in a mix a
+    sample may be planned more than once an epoch (``stream_of``: each index's stream, counted per
+    stream in ``per_stream``)."""
     indices = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in ranks]) if ranks else np.empty(0, np.int64)
     skipped = np.unique(np.concatenate([np.asarray(r[1], dtype=np.int64) for r in ranks])) if ranks else indices
     unique, counts = np.unique(indices, return_counts=True)
-    expected = np.unique(np.asarray(expected, dtype=np.int64))
-    missing = np.setdiff1d(np.setdiff1d(expected, unique, assume_unique=True), skipped, assume_unique=True)
-    unexpected = np.setdiff1d(unique, expected, assume_unique=True)
+    planned, times = np.unique(np.asarray(expected, dtype=np.int64), return_counts=True)
+    got = np.zeros(len(planned), np.int64)
+    found = np.isin(unique, planned)
+    got[np.searchsorted(planned, unique[found])] = counts[found]
+    short = (times > got) & ~np.isin(planned, skipped)
+    missing = planned[short]
     steps = [int(r[2]) for r in ranks]
     report = {
         "epoch": int(epoch),
         "ranks": len(ranks),
-        "expected": int(len(expected)),
+        "expected": int(times.sum()),
         "delivered": int(len(indices)),
-        "duplicates": int((counts - 1).sum()),
-        "missing": int(len(missing)),
-        "unexpected": int(len(unexpected)),
+        "duplicates": int(np.maximum(got - times, 0).sum()),
+        "missing": int((times - got)[short].sum()),
+        "unexpected": int(counts[~found].sum()),
         "skipped": skipped.tolist(),
         "lost": sum(int(entry["lost_at_least"]) for entry in lost),
         "lost_shards": list(lost),
         "steps_per_rank": steps,
         "equal_steps": len(set(steps)) <= 1,
         "missing_examples": missing[:10].tolist(),
-        "duplicate_examples": unique[counts > 1][:10].tolist(),
+        "duplicate_examples": planned[got > times][:10].tolist(),
     }
+    if stream_of is not None:
+        report["per_stream"] = np.bincount(stream_of(indices)).tolist() if len(indices) else []
     report["exactly_once"] = (
         not (report["duplicates"] or report["missing"] or report["unexpected"]) and report["equal_steps"]
     )

@@ -64,40 +64,43 @@ def piece_counts(sizes: np.ndarray, wanted: int) -> np.ndarray:
     return np.where(nonempty, np.minimum(counts, sizes), 0).astype(np.int64)
 
 
-def cut_pieces(units: Units, counts: np.ndarray, seed: int, epoch: int) -> Streams:
+def cut_pieces(units: Units, counts: np.ndarray, seed: int, epoch: int, salt: Tuple[int, ...] = ()) -> Streams:
     """The pieces of every unit (unit by unit), as streams: ``counts[i]`` balanced pieces of unit
     ``i``, laid around it from a random sample where there are several."""
     sizes = units.sizes
     unit = np.repeat(np.arange(len(units), dtype=np.int64), counts)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    first = np.cumsum(counts) - counts
     j = np.arange(len(unit), dtype=np.int64) - np.repeat(first, counts)  # piece index within its unit
     k, size = counts[unit], sizes[unit]
     q, r = size // np.maximum(k, 1), size % np.maximum(k, 1)
     length = q + (j < r)
     offset = j * q + np.minimum(j, r)
-    spin = bitgen(TAG_SPIN, seed, epoch).random_raw(len(units)).astype(np.uint64)
+    spin = bitgen(TAG_SPIN, seed, epoch, *salt).random_raw(len(units)).astype(np.uint64)
     turn = np.where(counts > 1, (spin % np.maximum(sizes, 1).astype(np.uint64)).astype(np.int64), 0)[unit]
     return Streams(units, unit, (offset + turn) % np.maximum(size, 1), length)
 
 
-def deal_order(pieces: Streams, counts: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+def deal_order(pieces: Streams, counts: np.ndarray, seed: int, epoch: int, salt: Tuple[int, ...] = ()) -> np.ndarray:
     """The order the pieces are dealt in: every unit's first piece in a random order, then every
     unit's second piece in another, and so on, so that a rank (a run of that order shorter than a
     round) reads pieces of as many different shards as it reads pieces."""
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    first = np.cumsum(counts) - counts
     round_ = np.arange(len(pieces), dtype=np.int64) - np.repeat(first, counts)  # which piece of its unit
-    return np.lexsort((bitgen(TAG_DEAL, seed, epoch).random_raw(len(pieces)), round_)).astype(np.int64)
+    return np.lexsort((bitgen(TAG_DEAL, seed, epoch, *salt).random_raw(len(pieces)), round_)).astype(np.int64)
 
 
 class Deal:
     """The pieces of an epoch dealt to the ranks (steps 1 and 2 of the module): ``planned`` samples
-    (those the ranks deliver) of ``units``, over ``world`` ranks taking ``per_rank(r)`` each."""
+    (those the ranks deliver) of ``units``, over ``world`` ranks taking ``per_rank(r)`` each.
+    ``wanted``: pieces wanted (by default ``batch * world``); ``salt``: more key for its random
+    choices (a mix's stream)."""
 
-    def __init__(self, units: Units, world: int, batch: int, planned: int, drop: bool, seed: int, epoch: int):
+    def __init__(self, units: Units, world: int, batch: int, planned: int, drop: bool, seed: int, epoch: int,
+                 wanted: int = 0, salt: Tuple[int, ...] = ()):  # fmt: skip
         self.units, self.world, self.planned, self.drop = units, world, planned, drop
-        counts = piece_counts(units.sizes, batch * world)
-        pieces = cut_pieces(units, counts, seed, epoch)
-        self.pieces = pieces.take(deal_order(pieces, counts, seed, epoch))
+        counts = piece_counts(units.sizes, wanted or batch * world)
+        pieces = cut_pieces(units, counts, seed, epoch, salt)
+        self.pieces = pieces.take(deal_order(pieces, counts, seed, epoch, salt))
         self.ends = np.cumsum(self.pieces.length)
 
     def rank_range(self, rank: int) -> Tuple[int, int]:
@@ -109,15 +112,7 @@ class Deal:
 
     def rank_streams(self, rank: int) -> Streams:
         """Rank ``rank``'s pieces (the two at its ends cut to its range), in the dealt order."""
-        a, b = self.rank_range(rank)
-        if b <= a:
-            return self.pieces.take([])
-        first = int(np.searchsorted(self.ends, a, side="right"))
-        last = int(np.searchsorted(self.ends, b, side="left"))
-        rows = np.arange(first, last + 1)
-        streams = self.pieces.take(rows)
-        begins = self.ends[rows] - streams.length
-        return streams.clip(np.maximum(a - begins, 0), np.minimum(b, self.ends[rows]) - begins)
+        return self.pieces.window(*self.rank_range(rank), self.ends)
 
 
 def block_sizes(count: int, block: int) -> np.ndarray:
@@ -153,13 +148,8 @@ class RankParts:
 
     def part(self, worker: int, b: int) -> Streams:
         """Worker ``worker``'s part of block ``b``: the streams it reads there."""
-        laid, bounds = self.blocks[b], self.bounds[b]
-        lo, hi = int(bounds[worker]), int(bounds[worker + 1])
-        ends = np.cumsum(laid.length)
-        begins = ends - laid.length
-        rows = np.flatnonzero((begins < hi) & (ends > lo))
-        sub = laid.take(rows)
-        return sub.clip(np.maximum(lo - begins[rows], 0), np.minimum(hi, ends[rows]) - begins[rows])
+        bounds = self.bounds[b]
+        return self.blocks[b].window(int(bounds[worker]), int(bounds[worker + 1]))
 
     def parts(self, worker: int) -> List[Streams]:
         return [self.part(worker, b) for b in range(len(self.blocks))]
@@ -187,28 +177,35 @@ def consumed_counts(lengths: np.ndarray, done: int) -> np.ndarray:
 
 
 def consumed_counts_many(groups: List[np.ndarray], dones: List[int]) -> List[np.ndarray]:
-    """``consumed_counts`` of many groups of parts at once (one search over all of them)."""
-    sizes = np.array([len(g) for g in groups], dtype=np.int64)
-    if not len(groups) or not sizes.sum():
-        return [np.zeros(len(g), np.int64) for g in groups]
-    lengths = np.concatenate(groups).astype(np.int64)
-    group = np.repeat(np.arange(len(groups)), sizes)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    done = np.asarray(dones, dtype=np.int64)
+    """``consumed_counts`` of many groups of parts at once (``consumed_counts_rows`` of the groups
+    padded with empty parts)."""
+    sizes = [len(g) for g in groups]
+    if not groups or not max(sizes):
+        return [np.zeros(n, np.int64) for n in sizes]
+    rows = np.zeros((len(groups), max(sizes)), np.int64)
+    for r, g in enumerate(groups):
+        rows[r, : len(g)] = g
+    counts = consumed_counts_rows(rows, np.asarray(dones, dtype=np.int64))
+    return [counts[r, :n] for r, n in enumerate(sizes)]
 
-    def below(key: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:  # per group: samples with a key below its ``key``
-        counts = _before(lengths, key[group])
-        return np.bincount(group, weights=counts, minlength=len(groups)).astype(np.int64), counts
 
-    # per group, the largest key with at most ``done`` samples below it
-    lo, hi = np.zeros(len(groups), np.int64), np.full(len(groups), GRID + 1, np.int64)
+def consumed_counts_rows(lengths: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """``consumed_counts`` of each row of ``lengths`` (a group of parts; empty parts change nothing)
+    with ``done[row]``: one search over all rows at once."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    done = np.asarray(done, dtype=np.int64)
+    # per row, the largest key with at most ``done`` samples below it: a part of ``L`` samples has
+    # ``key * L / GRID`` of them below ``key``, within one, so the search starts near it
+    total, margin = lengths.sum(axis=1), 2 * lengths.shape[1] + 2
+    lo = np.clip((done - margin) * GRID // np.maximum(total, 1), 0, GRID)
+    hi = np.clip(-(-(done + margin) * GRID // np.maximum(total, 1)), lo + 1, GRID + 1)
+    wide = (_before(lengths, lo[:, None]).sum(axis=1) > done) | (_before(lengths, hi[:, None]).sum(axis=1) <= done)
+    lo, hi = np.where(wide, 0, lo), np.where(wide | (hi > GRID), GRID + 1, hi)
     while (hi - lo > 1).any():
         mid = (lo + hi) // 2
-        fits = below(mid)[0] <= done
+        fits = _before(lengths, mid[:, None]).sum(axis=1) <= done
         lo, hi = np.where(fits, mid, lo), np.where(fits, hi, mid)
-    total, counts = below(lo)
-    at_key = _before(lengths, lo[group] + 1) > counts  # parts with a sample of key ``lo``: taken in part order
-    rank = np.cumsum(at_key) - np.repeat(np.cumsum(at_key)[starts] - at_key[starts], sizes)
-    counts = counts + (at_key & (rank <= (done - total)[group]))
-    counts = np.where((done >= np.bincount(group, weights=lengths, minlength=len(groups)))[group], lengths, counts)
-    return np.split(counts.astype(np.int64), np.cumsum(sizes)[:-1])
+    counts = _before(lengths, lo[:, None])
+    at_key = _before(lengths, lo[:, None] + 1) > counts  # parts with a sample of key ``lo``: taken in part order
+    counts = counts + (at_key & (np.cumsum(at_key, axis=1) <= (done - counts.sum(axis=1))[:, None]))
+    return np.where((done >= lengths.sum(axis=1))[:, None], lengths, counts)

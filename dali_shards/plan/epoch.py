@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -39,10 +39,13 @@ from dali_shards.options import LastBatch, option_default
 from dali_shards.plan import geometry, progress
 from dali_shards.plan.deal import Deal, RankParts, interleave_order
 from dali_shards.plan.emissions import Emissions
-from dali_shards.plan.geometry import BatchLayout, Segment, check_positive
+from dali_shards.plan.reads import Reads
+from dali_shards.plan.mixture import MixSpec
+from dali_shards.plan.geometry import BatchLayout, check_positive
 from dali_shards.plan.random import TAG_BATCH_ORDER, permutation
 from dali_shards.plan.runs import Runs, chunk_order
-from dali_shards.plan.units import Streams, Units, holding
+from dali_shards.plan.stratified import StratifiedParts
+from dali_shards.plan.units import Streams, Units
 
 PLAN_VERSION = 5
 # plan versions whose states still resume exactly (3, 4: planned by ``legacy``)
@@ -60,6 +63,7 @@ class PlanSpec(BatchLayout):
     shuffle_buffer: int = field(default=option_default("shuffle_buffer"), kw_only=True)
     shuffle_block: int = field(default=option_default("shuffle_block"), kw_only=True)
     bucket_window: int = field(default=0, kw_only=True)  # samples per worker bucketed at once (0: none)
+    mixture: Optional[MixSpec] = field(default=None, kw_only=True)  # a mix of streams: each one's draws per epoch
 
     def __post_init__(self) -> None:
         sizes = np.asarray(self.shard_sizes, dtype=np.int64).reshape(-1)  # fast at a million shards
@@ -94,8 +98,8 @@ class PlanSpec(BatchLayout):
 
     @cached_property
     def num_samples(self) -> int:
-        """Samples in the dataset (T)."""
-        return int(self.sizes.sum())
+        """Samples an epoch draws (T): the dataset's, or a mix's ``epoch_size``."""
+        return self.mixture.epoch_size if self.mixture is not None else int(self.sizes.sum())
 
     @property
     def steps_per_epoch(self) -> int:
@@ -116,8 +120,11 @@ class PlanSpec(BatchLayout):
     def dropped_per_epoch(self) -> int:
         return self.num_samples - self.planned_samples
 
-    def epoch(self, epoch: int) -> "EpochPlan":
-        return EpochPlan(self, int(epoch))
+    def epoch(self, epoch: int, **resumed: Any) -> "EpochPlan":
+        """The plan of ``epoch`` (``resumed``: a resumed epoch's ``subset``, ``start_step``); a
+        stratified mix's is a ``stratified.StratifiedPlan``."""
+        stratified = self.mixture is not None and self.mixture.batching == "stratified"
+        return (StratifiedPlan if stratified else EpochPlan)(self, int(epoch), **resumed)
 
     def _check_worker(self, v: int) -> None:
         if not 0 <= v < self.num_virtual_workers:
@@ -125,7 +132,7 @@ class PlanSpec(BatchLayout):
 
 
 @dataclass(frozen=True)
-class EpochPlan(Emissions):
+class EpochPlan(Reads, Emissions):
     """The plan of one epoch (plan version 5): each worker's reads and emission order.
 
     A resumed epoch plans only ``subset`` (the stretches of shards still to deliver, after an
@@ -146,8 +153,13 @@ class EpochPlan(Emissions):
     # -- sizes ---------------------------------------------------------------------------
     @cached_property
     def units(self) -> Units:
-        """What this plan delivers: every shard, or the subset."""
-        return Units.whole(self.spec.sizes) if self.subset is None else self.subset
+        """What this plan delivers: every shard (a mix: each stream's draws of this epoch), or the subset."""
+        spec = self.spec
+        if self.subset is not None:
+            return self.subset
+        if spec.mixture is not None:
+            return spec.mixture.units(spec.sizes, self.epoch, spec.seed, spec.shuffle)
+        return Units.whole(spec.sizes)
 
     @cached_property
     def available(self) -> int:
@@ -206,6 +218,10 @@ class EpochPlan(Emissions):
             streams = self._deal.rank_streams(rank)
             self._ranks[rank] = RankParts(streams, self.block, spec.py_num_workers, spec.seed, self.epoch, rank)
         return self._ranks[rank]
+
+    def worker_progress(self, v: int, done: int) -> List[Tuple[Streams, int]]:
+        """Worker ``v``'s parts, each with how many of its samples its first ``done`` took."""
+        return progress.in_turn(self.worker_parts(v), done)
 
     def worker_valid_count(self, v: int) -> int:
         """Valid samples worker ``v`` emits under this plan."""
@@ -274,35 +290,18 @@ class EpochPlan(Emissions):
         if order is not None and len(order):
             return int(order[-1])
         at = min(v * self.available // self.spec.num_virtual_workers, self.available - 1)
-        laid = self._runs.streams(at, at + 1) if not self.interleaving else self._deal_sample(at)
-        return int(laid.positions(self.canonical_starts)[0][0])
-
-    def _deal_sample(self, at: int) -> Streams:
         deal = self._deal
-        row = int(np.searchsorted(deal.ends, at, side="right"))
-        begin = int(deal.ends[row] - deal.pieces.length[row])
-        return deal.pieces.take([row]).clip(np.array([at - begin]), np.array([at - begin + 1]))
-
-    def worker_pieces(self, v: int) -> List[Segment]:
-        """The stretches of shards worker ``v`` reads, in the order it starts them."""
-        return [seg for part in self.worker_parts(v) for seg in part.started(self.interleaving, self.canonical_starts)]
-
-    def worker_reads(self, v: int) -> List[Segment]:
-        """What worker ``v`` reads (from step 0): its pieces, or the one sample it pads with."""
-        if self.worker_valid_count(v):
-            return self.worker_pieces(v)
-        return self.reads_of(v, [self.pad_position(v)])
-
-    def reads_of(self, v: int, positions: Collection[int]) -> List[Segment]:
-        """The stretches of worker ``v``'s reading that hold ``positions``, each cut to the first
-        and last of them, in reading order."""
-        pieces = self.worker_pieces(v) if self.worker_valid_count(v) else None
-        return holding(pieces, np.asarray(list(positions), dtype=np.int64), self.locate, self.canonical_starts)
+        laid = deal.pieces.window(at, at + 1, deal.ends) if self.interleaving else self._runs.streams(at, at + 1)
+        return int(laid.positions(self.canonical_starts)[0][0])
 
     def remaining(self, steps: int, lengths: Optional[Lengths] = None) -> Units:
         """What is left of this plan after its first ``steps`` steps, as stretches of shards
         (``lengths``: see ``consumed``; ``progress`` says how)."""
         return progress.remaining(self, steps, lengths)
+
+
+class StratifiedPlan(StratifiedParts, EpochPlan):
+    """The plan of an epoch of a mix with stratified batches (``stratified``): the same interface."""
 
 
 def plan_epoch(shard_sizes: Sequence[int], *, epoch: int, **spec: Any) -> EpochPlan:

@@ -50,18 +50,25 @@ def workers_left(plan: "EpochPlan", done: List[Tuple[int, int]]) -> Units:
     partial: List[Streams] = []
     took: List[int] = []
     for v, d in done:
-        before = 0
-        for part in plan.worker_parts(v):
-            total = int(part.length.sum())
-            here = min(max(d - before, 0), total)
+        for part, here in plan.worker_progress(v, d):
             if here == 0:
                 left.append(part.as_units())
-            elif here < total:
+            elif here < int(part.length.sum()):
                 partial.append(part)
                 took.append(here)
-            before += total
     counts = consumed_counts_many([p.length for p in partial], took)
     return Units.concat(left + [p.remainder(c) for p, c in zip(partial, counts)])
+
+
+def in_turn(parts: List[Streams], done: int) -> List[Tuple[Streams, int]]:
+    """Each of ``parts`` read one after the other, with how many of its samples the first
+    ``done`` took."""
+    out, before = [], 0
+    for part in parts:
+        total = int(part.length.sum())
+        out.append((part, min(max(done - before, 0), total)))
+        before += total
+    return out
 
 
 def _run_left(plan: "EpochPlan", v: int, done: int) -> Units:

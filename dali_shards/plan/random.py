@@ -27,6 +27,9 @@ TAG_RANK_CUT = 0x5243_5554
 TAG_SPIN = 0x5350_494E  # plan v5: where a unit's pieces are laid from
 TAG_DEAL = 0x4445_414C  # plan v5: the order the pieces are dealt to the ranks in
 TAG_CHUNK = 0x4348_4E4B  # plan v5: the order within a chunk of a contiguous run
+TAG_MIX = 0x4D49_5853  # a mix: the order a stream's shards are drawn in, pass after pass
+TAG_STRATA = 0x5354_5241  # stratified batches: which full batches take a stream's ceiling
+TAG_TURN = 0x5455_524E  # stratified batches: where a batch's stream labels start
 
 
 def bitgen(*key: int) -> np.random.PCG64:

@@ -29,6 +29,7 @@ from dali_shards.errors import ConfigError
 from dali_shards.plan.epoch import PLAN_VERSION, RESUMABLE_PLAN_VERSIONS, EpochPlan, Lengths, PlanSpec
 from dali_shards.plan.legacy import LEGACY_VERSIONS, LegacyPlan
 from dali_shards.plan.units import Units
+from dali_shards.plan.statecheck import digest
 from dali_shards.plan.statecheck import LAYOUT_KEYS, SPEC_NAMES, STATE_FORMAT, DatasetId, LayoutRecord, State, check_state_shape
 
 
@@ -41,7 +42,7 @@ def plan_of(spec: PlanSpec, epoch: int, subset: Any = None, start_step: int = 0,
     sequence positions for the older versions)."""
     if version in LEGACY_VERSIONS:
         return LegacyPlan(spec, epoch, cast(Optional[np.ndarray], subset), start_step=start_step, version=version)
-    return EpochPlan(spec, epoch, cast(Optional[Units], subset), start_step=start_step, version=version)
+    return spec.epoch(epoch, subset=cast(Optional[Units], subset), start_step=start_step, version=version)
 
 
 def layout_of(spec: PlanSpec) -> Dict[str, Any]:
@@ -85,7 +86,14 @@ def make_state(
         "shuffle": spec.shuffle,
         "epoch": int(epoch),
         "history": history,
+        "mixture": mixture_digest(spec),
     }
+
+
+def mixture_digest(spec: PlanSpec) -> Optional[str]:
+    """What identifies a mix in a state (None: one dataset)."""
+    mix = spec.mixture
+    return None if mix is None else digest([list(mix.bounds), list(mix.counts), mix.batching])
 
 
 def _unnamed(spec: PlanSpec) -> DatasetId:
@@ -102,6 +110,11 @@ def _check(spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId]) 
             "dali_shards version that saved it"
         )
     (dataset or _unnamed(spec)).check(state["dataset"])
+    if state.get("mixture") != mixture_digest(spec):
+        raise ConfigError(
+            "the state was saved for another mix of streams (or for one dataset, or a mix: not the same) than this "
+            "pipeline reads: resume with the same streams, in the same order, with the same counts and batching"
+        )
     if state["seed"] != spec.seed or state["shuffle"] != spec.shuffle:
         raise ConfigError(
             f"the state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this pipeline "
@@ -128,7 +141,7 @@ def resume_point(
         layout = {k: entry[k] for k in LAYOUT_KEYS}
         steps = int(entry["steps"])
         fields = {SPEC_NAMES.get(k, k): v for k, v in layout.items()}
-        past_spec = PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, **fields)
+        past_spec = PlanSpec(spec.shard_sizes, seed=spec.seed, shuffle=spec.shuffle, mixture=spec.mixture, **fields)
         past = plan_of(past_spec, epoch, subset, version=version)
         if steps >= past.steps:  # make_state starts the next epoch instead: no run saves this
             raise ConfigError(

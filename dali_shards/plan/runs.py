@@ -43,13 +43,7 @@ class Runs:
 
     def streams(self, a: int, b: int) -> Streams:
         """Samples ``[a, b)`` of the laid sequence, as streams of its units."""
-        if b <= a:
-            return self.laid.take([])
-        first = int(np.searchsorted(self.ends, a, side="right"))
-        last = int(np.searchsorted(self.ends, b, side="left"))
-        rows = np.arange(first, last + 1)
-        begins = self.ends[rows] - self.laid.length[rows]
-        return self.laid.take(rows).clip(np.maximum(a - begins, 0), np.minimum(b, self.ends[rows]) - begins)
+        return self.laid.window(a, b, self.ends)
 
     def run(self, v: int) -> Streams:
         return self.streams(*self.span(v))

@@ -68,6 +68,7 @@ class State(TypedDict):
     shuffle: bool
     epoch: int
     history: List[LayoutRecord]
+    mixture: Optional[str]  # a mix: the digest of its streams' bounds, draws and batching (None: one dataset)
 _FIX = "resume with the shards the state was saved for, listed in the same order"
 
 

@@ -95,6 +95,18 @@ class Streams:
         start = np.where(size > 0, (self.start + first) % np.maximum(size, 1), 0)
         return Streams(self.units, self.unit, start, np.maximum(stop - first, 0))
 
+    def window(self, a: int, b: int, ends: Optional[np.ndarray] = None) -> "Streams":
+        """Samples ``[a, b)`` of the streams laid end to end, as streams (the two at its ends cut;
+        ``ends``: the streams' cumulative lengths, where known)."""
+        ends = np.cumsum(self.length) if ends is None else ends
+        if b <= a:
+            return self.take([])
+        first = int(np.searchsorted(ends, a, side="right"))
+        last = int(np.searchsorted(ends, b, side="left"))
+        rows = np.arange(first, last + 1)
+        begins = ends[rows] - self.length[rows]
+        return self.take(rows).clip(np.maximum(a - begins, 0), np.minimum(b, ends[rows]) - begins)
+
     def stretches(self, j: int) -> List[Tuple[int, int, int]]:
         """Stream ``j`` as (shard, first, stop) stretches of its shard, in reading order."""
         u = int(self.unit[j])

@@ -269,7 +269,8 @@ class DALIShardedIterator(DALIGenericIterator):
             ranks, expected = [self._record.as_tuple()], expected_indices(plan, lengths, self.info.rank)
         else:
             expected = expected_indices(plan, lengths)
-        report = summarize(self.epoch, ranks, expected, lost_shards(self.info.shards))
+        stream_of = self.info.packing.stream_of if self.info.mixture is not None else None
+        report = summarize(self.epoch, ranks, expected, lost_shards(self.info.shards), stream_of)
         report["rank"] = self.info.rank if len(ranks) == 1 else None
         self.audits.append(report)
         if not report["exactly_once"]:

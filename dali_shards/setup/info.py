@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from dali_shards.options import OnError
+from dali_shards.plan.mixture import MixSpec
 from dali_shards.plan.resume import Plan, epoch_plan, make_state, resume_point
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
@@ -57,6 +58,11 @@ class ShardedPipelineInfo:
         """The plan version of the epoch the pipeline starts in (an older one only to finish an
         epoch whose state was saved under it; the epochs after it follow ``PLAN_VERSION``)."""
         return self.plan(self.start_epoch).version
+
+    @property
+    def mixture(self) -> Optional[MixSpec]:
+        """A mix's streams and their draws per epoch (None: one dataset)."""
+        return self.spec.mixture
 
     @property
     def on_error(self) -> OnError:

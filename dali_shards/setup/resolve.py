@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.sources import resolve_source
 from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
 from dali_shards.io.filesystems import is_remote
 from dali_shards.options import ShardedOptions, option_default
 from dali_shards.catalog.table import SampleTables
 from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.mixture import MixSpec
 from dali_shards.plan.mode import Mode, Planned, Streaming
+from dali_shards.setup.mixing import resolve_shards
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.plan.resume import resume_point
@@ -83,18 +84,14 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     """Everything the pipeline's workers need, from the options and the world (see the module);
     ``outputs``: with a ``map``, the names of its outputs (the pipeline function's parameters)."""
     world_size, rank = resolve_world(options.world_size, options.rank)
-    shards = tuple(
-        resolve_source(
-            options.source,
-            on_error=options.on_error,
-            config=options.storage,
-            counts=not options.streaming,
-            stale_manifest=options.stale_manifest,
-        )
-    )
+    listed, mixture = resolve_shards(options)
+    shards = tuple(listed)
     stage, sizes = choose_stage(options, shards, outputs)
     packing = stage.packing
-    spec, streaming = _specs(options, shards, world_size)
+    if mixture is not None:  # __stream__ is found from __index__: where each stream's samples begin
+        starts = [sum(s.samples for s in shards[:b]) for b in mixture.bounds[:-1]]
+        packing.set_streams(starts)
+    spec, streaming = _specs(options, shards, world_size, mixture)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     resume_prior: List[Dict[str, Any]]
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
@@ -141,7 +138,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
 
 
 def _specs(
-    options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int
+    options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int, mixture: Optional[MixSpec] = None
 ) -> Tuple[PlanSpec, Optional[StreamingSpec]]:
     """The plan spec, and in the streaming mode the streaming spec it stands for."""
     layout: Dict[str, Any] = dict(
@@ -163,7 +160,7 @@ def _specs(
                 "mix less if the shards are class-sorted)", block,
             )  # fmt: skip
         sizes = tuple(s.samples for s in shards)
-        return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, **layout), None
+        return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, mixture=mixture, **layout), None
     assert options.samples_per_epoch is not None  # options.streaming
     streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
     if streaming.shares_shards():

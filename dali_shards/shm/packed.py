@@ -73,7 +73,7 @@ class FieldSpec:
             return 0
         if self.kind == FieldKind.PAYLOAD:
             return (self.ndim or 0) if self.dtype is not None else 0
-        return {FieldKind.INT: 1, FieldKind.ARRAY: 2 + (self.ndim or 0)}.get(self.kind, 2)
+        return {FieldKind.INT: 1, FieldKind.STREAM: 1, FieldKind.ARRAY: 2 + (self.ndim or 0)}.get(self.kind, 2)
 
 
 class Packed:

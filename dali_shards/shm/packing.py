@@ -163,6 +163,16 @@ class Packing:
             return blob[self.header_bytes : self.header_bytes + size]
         return None
 
+    stream_starts: Tuple[int, ...] = (0,)  # a mix: the __index__ each stream begins at (set_streams)
+
+    def set_streams(self, starts: Sequence[int]) -> None:
+        """The ``__index__`` each stream of a mix begins at (``__stream__`` is found from it)."""
+        self.stream_starts = tuple(int(s) for s in starts)
+
+    def stream_of(self, index: Any) -> Any:
+        """The stream of samples at ``index`` (an int, or an array)."""
+        return np.searchsorted(np.asarray(self.stream_starts), index, side="right") - 1
+
     def pack(self, sample: RawSample, index: int) -> Packed:
         """A sample read from a shard (no ``map``), ready for batching, marked valid; raises
         ShardFormatError (naming the shard and the sample) if it lacks a field or holds bad data."""
@@ -171,7 +181,7 @@ class Packing:
         values: Dict[str, Any] = {}
         placed = None
         for spec in self.fields:
-            if spec.kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID):
+            if spec.kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID, FieldKind.STREAM):
                 continue
             data = self.member(sample, spec.name, spec.extensions)
             if spec.kind == FieldKind.INT:
@@ -197,6 +207,8 @@ class Packing:
                 parts.append((spec.column, key.encode("utf-8", "surrogateescape")))
             elif kind == FieldKind.INT:
                 header[spec.column] = values[spec.name]
+            elif kind == FieldKind.STREAM:
+                header[spec.column] = self.stream_of(index)
             elif kind in (FieldKind.BYTES, FieldKind.ARRAY, FieldKind.PAYLOAD) and not (placed and spec.column == placed[0]):
                 data = values[spec.name]
                 if spec.dtype is not None:  # an array: its shape in the header, its bytes travel

@@ -5,14 +5,23 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Sequence, Set
 
+import numpy as np
+
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.plan.epoch import PlanSpec
 
 
-def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dict[str, Any]:
-    """Per rank and worker, the samples, padding and shard reads of ``epoch``; and the totals."""
+def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int, sources: Sequence[Any] = ()) -> Dict[str, Any]:
+    """Per rank and worker, the samples, padding and shard reads of ``epoch``; and the totals; for a
+    mix (``sources``: its streams' sources), each stream's draws, overall and per worker."""
     plan = spec.epoch(epoch)
+    mix = spec.mixture
+    begins = plan.canonical_starts[np.asarray(mix.bounds[:-1], dtype=np.int64)] if mix is not None else None
+    delivered = np.zeros(len(mix.counts) if mix is not None else 0, np.int64)
     names = [os.path.basename(s.url) if "://" not in s.url else s.url for s in shards]
+    if len(set(names)) < len(names):  # e.g. a mix's streams of the same file names: with their folders
+        names = [os.path.join(os.path.basename(os.path.dirname(s.url)), os.path.basename(s.url)) if "://" not in s.url
+                 else s.url for s in shards]  # fmt: skip
     ranks: List[Dict[str, Any]] = []
     readers: List[Set[int]] = [set() for _ in shards]
     for rank in range(spec.world_size):
@@ -24,15 +33,18 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dic
             reads = [{"shard": names[seg.shard], "samples": [seg.first, seg.stop]} for seg in segments]
             for seg in segments:
                 readers[seg.shard].add(v)
-            workers.append(
-                {
-                    "worker": w,
-                    "virtual_worker": v,
-                    "samples": valid,
-                    "padding": spec.steps_per_epoch * spec.mini_batch - valid,
-                    "reads": reads,
-                }
-            )
+            worker: Dict[str, Any] = {
+                "worker": w,
+                "virtual_worker": v,
+                "samples": valid,
+                "padding": spec.steps_per_epoch * spec.mini_batch - valid,
+                "reads": reads,
+            }
+            if begins is not None:
+                stream = np.searchsorted(begins, plan.delivered_order(v, valid), side="right") - 1
+                worker["per_stream"] = np.bincount(stream, minlength=len(begins)).tolist()
+                delivered += worker["per_stream"]
+            workers.append(worker)
         ranks.append({"rank": rank, "steps": spec.steps_per_epoch, "workers": workers})
     summary = {
         "samples": spec.num_samples,
@@ -53,4 +65,12 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int) -> Dic
         "readers_per_shard": round(sum(map(len, readers)) / max(1, sum(1 for s in shards if s.samples)), 2),
         "ranks": ranks,
     }
+    if mix is not None:
+        summary["batching"] = mix.batching
+        summary["streams"] = [
+            {"stream": i, "source": str(sources[i]) if i < len(sources) else None, "shards": b - a,
+             "samples": sum(s.samples for s in shards[a:b]), "draws": mix.counts[i],
+             "share": mix.counts[i] / max(1, mix.epoch_size), "delivered": int(delivered[i])}
+            for i, (a, b) in enumerate(zip(mix.bounds, mix.bounds[1:]))
+        ]  # fmt: skip
     return summary

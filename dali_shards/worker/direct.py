@@ -37,7 +37,7 @@ from dali_shards.fields import FieldKind
 from dali_shards.plan.mode import Planned
 
 MIN_DIRECT = 32  # below this many samples per step the general way costs less
-DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID})
+DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID, FieldKind.STREAM})
 
 
 class NotDirect(Exception):
@@ -171,6 +171,9 @@ class DirectStep:
         key_at, key_len = _keys(walk, count)
         self._check_keys(out, key_at, key_len)
         for spec in self.packing.fields:
+            if spec.kind == FieldKind.STREAM:
+                values.append((spec.column, self.packing.stream_of(self.epoch.index[self.unique])))
+                continue
             if spec.kind == FieldKind.KEY:
                 values += [(spec.offset_column, key_at), (spec.length_column, key_len)]
                 continue

@@ -131,6 +131,7 @@ class Interleaved:
         self.offsets: Dict[int, Optional[np.ndarray]] = {}
         self.failed: Dict[int, str] = {}
         self.cursors: Dict[int, Generator[Tuple[int, Item], None, None]] = {}
+        self.held: Dict[int, Dict[int, Item]] = {}  # per shard read through a cursor: samples read ahead of their turn
         self.stretches: Optional[Dict[int, Segment]] = None
         self.left = Counter(self.shards)
         self.files = LocalFiles()
@@ -170,6 +171,7 @@ class Interleaved:
             yield pos, self._sample(k, pos, s, i)
             if not self.left[s] and s in self.cursors:
                 self.cursors.pop(s).close()
+                self.held.pop(s, None)
 
     def _sample(self, k: int, pos: int, s: int, i: int) -> Item:
         cfg, reader = self.cfg, self.reader
@@ -213,15 +215,22 @@ class Interleaved:
 
     def _from_cursor(self, pos: int, s: int) -> Item:
         """The shard's next sample for this worker, read by a cursor over the stretch it reads."""
-        cursor = self.cursors.get(s)
-        if cursor is None:
-            if self.stretches is None:
-                self.stretches = stretches(self.order, np.asarray(self.shards), np.asarray(self.local))
-            cursor = self.cursors[s] = read_segments(self.plan, [self.stretches[s]], self.needed, self.reader)
-        got, item = next(cursor)
-        if got != pos:
-            raise WorkerError(f"dali_shards internal error: read position {got}, wanted {pos}; please report it")
-        return item
+        held = self.held.setdefault(s, {})
+        if pos in held:
+            return held.pop(pos)
+        for fresh in (False, True):  # the cursor has passed ``pos`` (drawn again, or read out of order): a new one
+            cursor = self.cursors.get(s)
+            if cursor is None or fresh:
+                if self.stretches is None:
+                    self.stretches = stretches(self.order, np.asarray(self.shards), np.asarray(self.local))
+                if cursor is not None:
+                    cursor.close()
+                cursor = self.cursors[s] = read_segments(self.plan, [self.stretches[s]], self.needed, self.reader)
+            for got, item in cursor:
+                if got == pos:
+                    return item
+                held[got] = item  # read ahead of its turn: kept for it
+        raise WorkerError(f"dali_shards internal error: position {pos} is not in its shard's stretch; please report it")
 
     def close(self) -> None:
         for cursor in self.cursors.values():

@@ -11,6 +11,7 @@ the main process cut it short. The module imports no DALI.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from dali_shards.errors import WorkerError
@@ -103,6 +104,45 @@ class WorkerSource:
         return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
 
 
+def draws(emissions: List[Tuple[int, bool]]) -> List[int]:
+    """The positions of ``emissions`` in order, each as many times as it is drawn valid (once where
+    it only pads)."""
+    counts = Counter(pos for pos, ok in emissions if ok)
+    for pos, _ in emissions:
+        counts.setdefault(pos, 1)
+    return sorted(counts.elements())
+
+
+class Pending:
+    """Samples read ahead of their emission, by position: one per draw (a mix may draw a sample
+    twice in an epoch), taken oldest first."""
+
+    def __init__(self) -> None:
+        self._items: Dict[int, List[Item]] = {}
+
+    def put(self, pos: int, item: Item) -> None:
+        self._items.setdefault(pos, []).append(item)
+
+    def __contains__(self, pos: int) -> bool:
+        return pos in self._items
+
+    def __len__(self) -> int:
+        return sum(len(items) for items in self._items.values())
+
+    def pop(self, pos: int) -> Item:
+        items = self._items[pos]
+        item = items.pop(0)
+        if not items:
+            del self._items[pos]
+        return item
+
+    def values(self) -> List[Item]:
+        return [item for items in self._items.values() for item in items]
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 class EpochBatches:
     """Iterator over one epoch's mini-batches of one worker (lists of ``mini_batch`` packed samples)."""
 
@@ -112,7 +152,7 @@ class EpochBatches:
         self._clock: Optional[Iterator[int]] = None
         self._order: Optional[Iterator[Tuple[int, bool]]] = None
         self._samples: Optional[Generator[Tuple[int, Item], None, None]] = None
-        self._pending: Dict[int, Item] = {}
+        self._pending = Pending()
         self._last: Tuple[int, Optional[Item]] = (-1, None)
         self._good = StandIn(source.config)  # stands in for skipped samples
         self._reading: Optional[Interleaved] = None
@@ -158,7 +198,7 @@ class EpochBatches:
         reader = ShardReader(src.config, src.stamps.progress, plan.epoch)
         reads = plan.reads_of(v, needed) if needed else []
         if reads and all(positioned(src.config, seg.shard) for seg in reads):  # each sample by one read of its span
-            self._reading = Interleaved(plan, sorted(needed), needed.__contains__, reader)
+            self._reading = Interleaved(plan, draws(emissions), needed.__contains__, reader)
             self._samples = read_interleaved(self._reading)
             return steps
         self._samples = read_segments(plan, reads, needed.__contains__, reader)
@@ -178,7 +218,8 @@ class EpochBatches:
                 self._last = (-1, None)
                 lengths = [item.length if isinstance(item, Packed) else -1 for item in items]
                 perm = window_order(lengths, cfg.spec.mini_batch, cfg.spec.seed, self.epoch, cfg.rank, first + w)
-                self._pending.update(zip(valid, items))
+                for pos, item in zip(valid, items):
+                    self._pending.put(pos, item)
                 valid = [valid[i] for i in perm]
                 pad = valid[-1]
             ordered = [(pos, True) for pos in valid]
@@ -196,7 +237,7 @@ class EpochBatches:
         try:
             for _ in range(src.mode.spec.mini_batch):
                 pos, valid = next(self._order)
-                item = self._take(pos)
+                item = self._take(pos, valid)
                 if isinstance(item, Skipped):
                     stand_in = self._good.sample(self._more())
                     packed = stand_in.as_skipped(item.index) if valid else stand_in.as_padding()
@@ -215,14 +256,16 @@ class EpochBatches:
 
     def _more(self) -> Iterator[Item]:
         """The samples read ahead, then the next ones read (kept for when they are emitted)."""
-        yield from list(self._pending.values())
+        yield from self._pending.values()
         assert self._samples is not None  # set by _start()
         for got, item in self._samples:
-            self._pending[got] = item
+            self._pending.put(got, item)
             yield item
 
-    def _take(self, pos: int) -> Union[Packed, Skipped]:
-        if self._last[0] == pos:
+    def _take(self, pos: int, valid: bool = True) -> Union[Packed, Skipped]:
+        """The sample at ``pos``: a valid draw takes a sample of its own (a mix may draw one twice),
+        padding the copy of the last one taken."""
+        if not valid and self._last[0] == pos:
             last = self._last[1]
             assert last is not None  # (-1, None) is no position's
             return last
@@ -230,7 +273,7 @@ class EpochBatches:
         assert self._samples is not None  # set by _start()
         while pos not in pending:
             got, item = next(self._samples)
-            pending[got] = item
+            pending.put(got, item)
         item = pending.pop(pos)
         self._last = (pos, item)
         return item

@@ -56,8 +56,9 @@ class SampleStage:
             raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
         out: Dict[str, Any] = {KEY: sample.key}
         for name, kind, exts in self.packing.input_fields:
-            if kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID):
-                out[name] = {FieldKind.KEY: sample.key, FieldKind.INDEX: index, FieldKind.VALID: True}[kind]
+            if kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID, FieldKind.STREAM):
+                stream = int(self.packing.stream_of(index)) if kind == FieldKind.STREAM else 0
+                out[name] = {FieldKind.KEY: sample.key, FieldKind.INDEX: index, FieldKind.VALID: True, FieldKind.STREAM: stream}[kind]
                 continue
             data = self.packing.member(sample, name, exts)
             ext = exts[0] if len(exts) == 1 else next(e for e in exts if sample.data.get(e) is not None)

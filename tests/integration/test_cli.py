@@ -404,6 +404,29 @@ def test_plan_text(tmp_path, capsys):
     assert "rank 1:" in text and "sample-000001.tar[" in text
 
 
+@pytest.mark.parametrize("batching", ["random", "stratified"])
+def test_plan_of_a_mix_shows_each_streams_draws(tmp_path, capsys, batching):
+    a = write_sample_shards(str(tmp_path / "a"), shard_sizes=(6, 6))
+    b = write_sample_shards(str(tmp_path / "b"), shard_sizes=(10, 9))
+    args = ["plan", "--stream", f"repeat=2:{tmp_path / 'a'}", "--stream", f"proportion=1:{tmp_path / 'b'}",
+            "--epoch-size", "40", "--batching", batching, "--world-size", "2", "--workers", "2", "--batch-size", "4", "--shuffle"]  # fmt: skip
+    assert cli(*args, "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [(s["draws"], s["delivered"], s["samples"], s["shards"]) for s in plan["streams"]] == [(24, 24, 12, 2), (16, 16, 19, 2)]
+    assert plan["batching"] == batching and plan["samples"] == 40
+    workers = [w for r in plan["ranks"] for w in r["workers"]]
+    assert [sum(w["per_stream"][i] for w in workers) for i in range(2)] == [24, 16]
+    assert cli(*args) == 0
+    text = capsys.readouterr().out
+    assert "24 draws (60.0% of the epoch), 24 delivered" in text and "a/sample-000000.tar[" in text
+    assert len(a) == len(b) == 2
+    with pytest.raises(SystemExit):
+        cli("plan", "--stream", f"choose=x:{tmp_path / 'a'}", "--workers", "1", "--batch-size", "1")
+    assert "choose must be a number" in capsys.readouterr().err
+    assert cli("plan", "--stream", f"choose=50:{tmp_path / 'a'}", "--epoch-size", "10", "--workers", "1", "--batch-size", "1") == 2
+    assert "stream 0 (" in (err := capsys.readouterr().err) and "choose=50 is more than epoch_size=10" in err
+
+
 def test_parse_size():
     assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == int(1.5 * (1 << 30))
     assert parse_size("64KiB") == 64 << 10 and parse_size("1234") == 1234

@@ -35,6 +35,14 @@ def test_quickstart_checks_exactly_once():
     assert "exactly-once check: passed" in out.stdout
 
 
+@pytest.mark.parametrize("batching", ["random", "stratified"])
+def test_mixture_example_measures_exact_proportions(batching):
+    out = run([sys.executable, "examples/mixture.py", "--epochs", "3", "--batch-size", "7", "--workers", "1", "--batching", batching], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("delivered per stream [24, 72, 24]") == 3
+    assert "exact per-epoch proportions, pass after pass: passed" in out.stdout
+
+
 def _log(path):
     return [json.loads(line) for line in open(path)]
 

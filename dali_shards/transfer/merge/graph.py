@@ -106,6 +106,8 @@ def _fields(header: DataNode, heap: DataNode, payload, packing: Packing) -> List
             out.append(data if spec.kind != FieldKind.ARRAY else _array(data, header, spec))
         elif spec.kind == FieldKind.VALID:
             out.append(header[spec.column] == 1)  # status: 1 valid, 0 padding, -1 skipped
+        elif spec.kind == FieldKind.STREAM:
+            out.append(fn.cast(header[spec.column], dtype=DALIDataType.INT32))
         else:
             out.append(header[spec.column])
     return out

@@ -31,6 +31,8 @@ def output_types(packing: Packing) -> List[OutputType]:
     for spec in packing.fields:
         if spec.kind in (FieldKind.INT, FieldKind.INDEX):
             types.append(OutputType("int64", 0))
+        elif spec.kind == FieldKind.STREAM:
+            types.append(OutputType("int32", 0))
         elif spec.kind == FieldKind.VALID:
             types.append(OutputType("bool", 0))
         elif spec.kind == FieldKind.ARRAY:
@@ -53,6 +55,8 @@ def assemble(packing: Packing, minis: Sequence[Any], wrap: Callable[[np.ndarray]
         kind = spec.kind
         if kind in (FieldKind.INT, FieldKind.INDEX):
             out.append(np.ascontiguousarray(rows[:, INDEX_COLUMN if kind == FieldKind.INDEX else spec.column]))
+        elif kind == FieldKind.STREAM:
+            out.append(rows[:, spec.column].astype(np.int32))
         elif kind == FieldKind.VALID:
             out.append(rows[:, VALID_COLUMN] == STATUS_VALID)
         else:  # bytes, key, array

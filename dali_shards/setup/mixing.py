@@ -1,0 +1,73 @@
+"""The shards of a pipeline, and for a mix of streams what each stream draws per epoch: each
+stream's source resolved as one source is, the streams' shards one after the other (the canonical
+order), every stream checked to hold what ``fields`` asks for. Pure, no DALI."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.errors import ConfigError
+from dali_shards.fields import SPECIAL_FIELDS
+from dali_shards.io.storage import open_shard
+from dali_shards.options import ShardedOptions
+from dali_shards.plan.mixture import MixSpec, Stream, stream_counts
+from dali_shards.tar.format import TarReader
+
+
+def resolve_shards(options: ShardedOptions) -> Tuple[List[ShardInfo], Optional[MixSpec]]:
+    """The pipeline's shards, and its mix (None: one dataset, every sample once per epoch)."""
+    if not options.mixing:
+        return _shards(options, options.source), None
+    streams: Sequence[Stream] = options.source if isinstance(options.source, tuple) and isinstance(options.source[0], Stream) \
+        else (Stream(options.source, proportion=1),)  # fmt: skip
+    shards, mix = resolve_mix(streams, options.epoch_size, options.batching, lambda source: _shards(options, source))
+    check_stream_fields(shards, mix.bounds, options, streams)
+    return shards, mix
+
+
+def resolve_mix(streams: Sequence[Stream], epoch_size: Optional[int], batching: str,
+                shards_of: Callable[[Any], List[ShardInfo]]) -> Tuple[List[ShardInfo], MixSpec]:  # fmt: skip
+    """The shards of ``streams`` one stream after the other (each resolved by ``shards_of``) and
+    their mix; a ConfigError naming the streams that share a shard, or a stream that cannot be
+    drawn as asked (``plan.mixture.stream_counts``)."""
+    shards: List[ShardInfo] = []
+    bounds = [0]
+    owner: Dict[str, int] = {}
+    for i, stream in enumerate(streams):
+        mine = shards_of(stream.source)
+        for s in mine:
+            if s.url in owner:
+                raise ConfigError(f"shard {s.url!r} is in stream {owner[s.url]} and stream {i}: a shard may be in one "
+                                  "stream only (give a stream a larger repeat= or proportion= instead)")  # fmt: skip
+            owner[s.url] = i
+        shards += mine
+        bounds.append(len(shards))
+    sizes = [sum(s.samples for s in shards[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return shards, MixSpec(tuple(bounds), stream_counts(streams, sizes, epoch_size), batching)
+
+
+def _shards(options: ShardedOptions, source) -> List[ShardInfo]:
+    return list(resolve_source(source, on_error=options.on_error, config=options.storage, counts=not options.streaming,
+                               stale_manifest=options.stale_manifest))  # fmt: skip
+
+
+def check_stream_fields(shards: Sequence[ShardInfo], bounds: Sequence[int], options: ShardedOptions,
+                        streams: Sequence[Stream]) -> None:  # fmt: skip
+    """A ConfigError naming the stream whose first sample lacks a requested field (streams of other
+    fields than the rest): one sample read per stream."""
+    wanted = [f for f in options.fields if f not in SPECIAL_FIELDS and f != "__stream__"]
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        first = next((s for s in shards[a:b] if s.samples > 0), None)
+        if first is None or not wanted:
+            continue
+        with open_shard(first.url, options.storage, first.bytes) as stream:
+            sample = next(TarReader(stream, first.url).samples(set()), None)
+        have = set(sample.extensions) if sample is not None else set()
+        missing = [f for f in wanted if not any(ext in have for ext in f.split(";"))]
+        if missing:
+            raise ConfigError(
+                f"stream {i} ({streams[i].source!r}) has samples without field(s) {missing} (its first sample, in "
+                f"{first.url!r}, has {sorted(have)}): every stream of a mix must hold the fields asked for"
+            )

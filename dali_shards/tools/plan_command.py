@@ -1,0 +1,116 @@
+"""``dali-shards plan``: an epoch's plan, of one dataset or of a mix of streams (``--stream``),
+printed or as JSON (see ``plan_report``). No DALI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any, List, Optional, Tuple
+
+from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.sources import resolve_source
+from dali_shards.errors import ConfigError
+from dali_shards.options import BATCHING, StorageOptions, option_default
+from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
+from dali_shards.plan.mixture import MixSpec, Stream
+from dali_shards.setup.mixing import resolve_mix
+from dali_shards.tools.plan_report import plan_summary
+
+_STREAM = re.compile(r"^(proportion|repeat|choose)=([^:]+):(.+)$")
+
+
+def parse_stream(text: str) -> Stream:
+    """``--stream``'s value: ``PATTERN`` (drawn once per epoch), or ``proportion=P:PATTERN``,
+    ``repeat=R:PATTERN`` or ``choose=N:PATTERN``."""
+    m = _STREAM.match(text)
+    if m is None:
+        return Stream(text)
+    kind, value, pattern = m.groups()
+    try:
+        number: Any = int(value) if kind == "choose" else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--stream {text!r}: {kind} must be a number, got {value!r}") from None
+    try:
+        return Stream(pattern, **{kind: number})
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    """The ``plan`` subcommand's options (its shards: ``patterns`` or ``--stream``)."""
+    p.add_argument("--stream", action="append", type=parse_stream, metavar="[KIND=N:]PATTERN",
+                   help="a stream of a mix, repeated for each (instead of patterns): PATTERN drawn once per epoch, or "
+                   "proportion=P:PATTERN (a share of what --epoch-size leaves), repeat=R:PATTERN (R times its size), "
+                   "choose=N:PATTERN (N samples)")  # fmt: skip
+    p.add_argument("--epoch-size", type=int, help="a mix's samples per epoch (default: the streams' counts summed)")
+    p.add_argument("--batching", choices=BATCHING, default="random",
+                   help="a mix's batches: random, or stratified (each stream's share in every batch)")  # fmt: skip
+    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
+    p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
+    # "--batch" stays the short form of --batch-size (not ambiguous with --batching)
+    p.add_argument("--batch-size", "--batch", type=int, required=True, help="samples per batch, per rank")
+    p.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
+    p.add_argument("--seed", type=int, default=option_default("seed"), help="shuffle seed (default %(default)s)")
+    p.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch (shuffle=True)")
+    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"),
+                   help="pad: every sample once, the last batches padded; drop: whole batches only "
+                   "(default %(default)s)")  # fmt: skip
+    p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"),
+                   help="samples each worker holds for its buffer shuffle (default %(default)s)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _shards(args: argparse.Namespace, config: StorageOptions) -> Tuple[List[ShardInfo], Optional[MixSpec]]:
+    """The shards to plan, and their mix where streams are given."""
+    if args.stream and args.patterns:
+        raise ConfigError("give the shards as patterns (one dataset) or as --stream (a mix), not both")
+    if not args.stream:
+        if args.epoch_size is not None or args.batching != "random":
+            raise ConfigError("--epoch-size and --batching plan a mix: give its streams with --stream")
+        if not args.patterns:
+            raise ConfigError("no shards given: give patterns, or streams with --stream")
+        return [s for p in args.patterns for s in resolve_source(p, config=config)], None
+    return resolve_mix(args.stream, args.epoch_size, args.batching, lambda source: list(resolve_source(source, config=config)))
+
+
+def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
+    """Print (or ``--json``) the plan the arguments ask for."""
+    shards, mix = _shards(args, config)
+    spec = PlanSpec(
+        tuple(s.samples for s in shards),
+        world_size=args.world_size,
+        py_num_workers=args.workers,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        shuffle=args.shuffle,
+        last_batch=args.last_batch,
+        shuffle_buffer=args.shuffle_buffer,
+        mixture=mix,
+    )
+    summary = plan_summary(spec, shards, args.epoch, [s.source for s in args.stream or ()])
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(
+        f"{spec.num_samples} samples {'drawn ' if mix else ''}from {len(shards)} shards ({summary['empty_shards']} empty); "
+        f"{spec.world_size} ranks x {spec.py_num_workers} workers = {spec.num_virtual_workers} virtual workers; "
+        f"batch {spec.batch_size} per rank ({spec.mini_batch} per worker)"
+    )
+    print(
+        f"epoch {args.epoch} ({'shuffled, seed %d' % spec.seed if spec.shuffle else 'canonical order'}, "
+        f"last_batch={spec.last_batch}): {spec.steps_per_epoch} steps on every rank; "
+        f"{spec.planned_samples} samples delivered, {spec.padding_per_epoch} padding slots, "
+        f"{spec.dropped_per_epoch} dropped"
+    )
+    for s in summary.get("streams", []):
+        print(f"stream {s['stream']} ({s['source']}): {s['samples']} samples in {s['shards']} shards; {s['draws']} "
+              f"draws ({s['share']:.1%} of the epoch), {s['delivered']} delivered")  # fmt: skip
+    for r in summary["ranks"]:
+        print(f"rank {r['rank']}:")
+        for w in r["workers"]:
+            reads = ", ".join(f"{x['shard']}[{x['samples'][0]}:{x['samples'][1]}]" for x in w["reads"])
+            pad = f" + {w['padding']} padding" if w["padding"] else ""
+            per = f" (per stream {w['per_stream']})" if "per_stream" in w else ""
+            print(f"  worker {w['worker']} (virtual {w['virtual_worker']}): {w['samples']} samples{per}{pad}; reads {reads}")
+    return 0

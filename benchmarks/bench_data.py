@@ -5,6 +5,10 @@ its class (``.cls``, text), its id (``.id``: the sample's number as 8 little-end
 which every loader can return as a tensor, for the exactly-once audits) and a few made-up object
 boxes (``.json``: ``{"objects": [{"box": [x0, y0, x1, y1], "label": n}, ...]}``, for the ``map``
 benchmark). Output is deterministic and cached by its parameters.
+
+The built-in photos are downsized (up to 640 px); ``DALI_SHARDS_BENCH_PHOTOS`` names a folder of the
+same layout with full-size photos (one folder per ImageNet class id), whose crops re-encode to
+ImageNet's typical ~110 KB at 500x375 (the GPU benchmark uses the originals of the built-in photos).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def _encoded_photos(count: int, size: int, quality: int, seed: int):
     from PIL import Image
 
     rng = random.Random(seed)
-    images = sample_images()
+    images = sample_images(*_photos_root())
     photos = [Image.open(img.path).convert("RGB") for img in images]
     for _ in range(count):
         k = rng.randrange(len(images))
@@ -45,6 +49,11 @@ def _encoded_photos(count: int, size: int, quality: int, seed: int):
         yield buf.getvalue(), images[k].label
 
 
+def _photos_root() -> List[str]:
+    root = os.environ.get("DALI_SHARDS_BENCH_PHOTOS")
+    return [os.path.abspath(root)] if root else []
+
+
 def _boxes(index: int, label: int) -> str:
     """0 to 3 made-up object boxes (relative ltrb) of the sample's class, as JSON."""
     rng = random.Random(index)
@@ -60,7 +69,8 @@ def build_shards(
     out_dir: str, shard_sizes: Sequence[int], size: int = 500, quality: int = 95, seed: int = 0, prefix: str = "bench"
 ) -> List[str]:
     """Write (or reuse) shards of the given sizes; sample ``i`` has id ``i``."""
-    stamp = {"shard_sizes": list(shard_sizes), "size": size, "quality": quality, "seed": seed, "version": VERSION}
+    stamp = {"shard_sizes": list(shard_sizes), "size": size, "quality": quality, "seed": seed, "version": VERSION,
+             "photos": _photos_root()}  # fmt: skip
     stamp_path = os.path.join(out_dir, f"{prefix}-data.json")
     if os.path.exists(stamp_path):
         with open(stamp_path) as f:

@@ -25,13 +25,14 @@ class PeakMemory:
     """Peak memory of this process and all its children (PSS where the OS gives it, so shared
     memory is not counted twice; RSS otherwise), sampled in a thread."""
 
-    def __init__(self, interval: float = 0.2):
+    def __init__(self, interval: float = 0.2, device_id: Optional[int] = None):
         import psutil
 
         self.root = psutil.Process()
         self.interval = interval
         self.peak = 0
         self.kind = "pss"
+        self.gpu = GpuMemory(device_id) if device_id is not None else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -50,6 +51,8 @@ class PeakMemory:
             except AttributeError:
                 self.kind = "rss"
         self.peak = max(self.peak, total)
+        if self.gpu is not None:
+            self.gpu.sample()
         return total
 
     def _run(self):
@@ -66,11 +69,31 @@ class PeakMemory:
         self.sample()
 
 
+class GpuMemory:
+    """Peak GPU memory in use on one device above what was in use when this began (NVML; the device
+    is this run's alone, so that is what the loader takes: DALI's pools and the output tensors)."""
+
+    def __init__(self, device_id: int):
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_id)
+        self.base = self.used()
+        self.peak = 0
+
+    def used(self) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.used() - self.base)
+
+
 def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
     """Time to first batch, then samples/s over ``epochs`` timed epochs after a warm-up epoch."""
     from loaders import open_loader
 
-    with PeakMemory() as memory:
+    with PeakMemory(device_id=cfg.device_id) as memory:
         start = time.perf_counter()
         loader = open_loader(loader_name, cfg)
         batches = loader.epoch()
@@ -99,6 +122,7 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         "warmup_samples": count,
         "peak_memory_mb": memory.peak / 2**20,
         "memory_kind": memory.kind,
+        **({"peak_gpu_memory_mb": memory.gpu.peak / 2**20} if memory.gpu is not None else {}),
         "main_process_cpu_ms_per_step": 1000 * cpu / max(1, steps),
         "main_thread_cpu_ms_per_step": 1000 * thread / max(1, steps),
         "shared_memory_mb": shared,
@@ -186,6 +210,7 @@ def child_main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--per-shard", type=int, default=512)
+    ap.add_argument("--quality", type=int, default=95, help="JPEG quality of the benchmark shards")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -203,6 +228,7 @@ def child_main(argv: Optional[List[str]] = None) -> None:
             bench_dir(args.data_dir, args.samples, args.per_shard),
             num_samples=args.samples,
             samples_per_shard=args.per_shard,
+            quality=args.quality,
         )
     cfg = Config(
         shards,

@@ -5,7 +5,8 @@ Modes (the same work for every loader):
 - ``bytes``: the encoded JPEG and its label reach Python (no decoding);
 - ``decode``: decode, resize to 224x224 (uint8 HWC);
 - ``augment``: the ImageNet training transform: random-resized-crop 224, horizontal flip,
-  normalize to float CHW (DALI decodes only the crop; torchvision decodes the whole image).
+  normalize to float CHW (DALI decodes only the crop; torchvision decodes the whole image);
+- ``augment16``: the same with FP16 output, as mixed-precision training takes it (DALI loaders only).
 
 ``open_loader(name, cfg)`` returns a loader whose ``epoch()`` yields, per batch, the ids of the samples
 it delivers (for the exactly-once audit); in ``bytes`` mode DALI loaders report padding-free counts
@@ -24,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 
 LOADERS = ("dali_shards", "native_webdataset", "plain_4892", "webdataset_dataloader", "dali_proxy")
-MODES = ("bytes", "decode", "augment")
+MODES = ("bytes", "decode", "augment", "augment16")
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
@@ -61,7 +62,7 @@ def dali_post(mode: str, jpg, device_id):
         mirror=fn.random.coin_flip(),
         mean=[m * 255 for m in MEAN],
         std=[s * 255 for s in STD],
-        dtype=types.FLOAT,
+        dtype=types.FLOAT16 if mode == "augment16" else types.FLOAT,
         output_layout="CHW",
     )
 

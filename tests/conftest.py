@@ -11,6 +11,17 @@ from dali_shards.sample_data import DEFAULT_SHARD_SIZES
 from dali_shards.testing.shards import write_shards
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
+
+# On a GPU machine the tests' own process sees no GPU: the tiers test CPU pipelines, and one of
+# them touching CUDA (torch probing the device, say) would make DALI refuse every later 'fork'
+# start in this process. The GPU tests (tests/pipeline/test_gpu.py) run their ranks in processes
+# of their own, with the devices this run was given (GPU_DEVICES; None: all of them).
+if "DALI_SHARDS_TEST_GPUS" not in os.environ:
+    from dali_shards.device import gpu_available
+
+    os.environ["DALI_SHARDS_TEST_GPUS"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all") if gpu_available() else ""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+GPU_DEVICES = os.environ["DALI_SHARDS_TEST_GPUS"]
 TIERS = ("unit", "pipeline", "integration")
 
 
@@ -62,7 +73,9 @@ def pytest_sessionfinish(session, exitstatus):
     if getattr(session.config, "_dali_shards_unit_only", False):
         heavy = [m for m in ("nvidia.dali", "torch") if m in sys.modules]
         if heavy:
-            print(f"\nERROR: a unit test imported {heavy}; unit tests must need neither DALI nor torch", file=sys.stderr)
+            print(
+                f"\nERROR: a unit test imported {heavy}; unit tests must need neither DALI nor torch", file=sys.stderr
+            )
             session.exitstatus = 1
 
 

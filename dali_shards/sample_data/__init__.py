@@ -21,11 +21,12 @@ class SampleImage(NamedTuple):
     path: str
 
 
-def sample_images() -> List[SampleImage]:
-    """The photos as (ImageNet class id, path), sorted by class id then file name."""
+def sample_images(root: str = ROOT) -> List[SampleImage]:
+    """The photos as (ImageNet class id, path), sorted by class id then file name; ``root`` is a
+    folder of the same layout (one folder per class id), the built-in photos by default."""
     out = []
-    for cls in sorted(os.listdir(ROOT), key=int):
-        folder = os.path.join(ROOT, cls)
+    for cls in sorted(os.listdir(root), key=int):
+        folder = os.path.join(root, cls)
         for name in sorted(os.listdir(folder)):
             if name.lower().endswith(".jpg"):
                 out.append(SampleImage(int(cls), os.path.join(folder, name)))

@@ -13,7 +13,6 @@ from PIL import Image
 
 from dali_shards.testing.pipelines import identity_pipeline, run_epochs
 from dali_shards import ConfigError, EmptyDatasetError, decode_image, pipeline_info, sharded_pipeline
-from dali_shards.device import gpu_available
 from dali_shards.sample_data import sample_images
 
 
@@ -281,30 +280,3 @@ def test_decode_helper_uses_cpu_without_gpu(photo_shards):
     p.build()
     (out,) = p.run()
     assert type(out).__name__ == "TensorListCPU" and out[0].shape()[-1] == 3
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU")
-def test_mixed_decode_on_gpu(photo_shards):
-    @sharded_pipeline(
-        photo_shards["pattern"],
-        fields=("jpg", "__index__", "__valid__"),
-        batch_size=8,
-        py_num_workers=2,
-        shuffle=True,
-        num_threads=2,
-        device_id=0,
-    )
-    def pipe(jpg, index, valid):
-        return decode_image(jpg), index, valid
-
-    p = pipe()
-    assert pipeline_info(p).spec.num_samples == 47
-    (steps,) = run_epochs(p, 1)
-    photos = sample_images()
-    for images, index, _ in steps:
-        for img, i in zip(images, index):
-            w, h = Image.open(photos[int(i) % 47].path).size
-            assert img.shape == (h, w, 3)
-    seen = sorted(int(i) for _, index, valid in steps for i, v in zip(index, valid) if v)
-    assert seen == list(range(47))

@@ -1,61 +1,56 @@
-"""Naming the sample behind DALI's "Failed to decode sample #i": its slot ``i`` in the batch the
-iterator was fetching, mapped through the plan to its shard, position and key.
+"""Naming a sample a DALI operator failed on: its ``__index__`` mapped through the plan to its
+shard, position and key, and the ``ShardFormatError`` that says so (``on_error="raise"``).
 
-DALI's decoders stop the pipeline on an image they cannot decode, naming only the slot. The
-structural check in the workers (``worker/imagecheck.py``) catches most damage first, as a
-skippable per-sample error; what it misses ends here, as a ``ShardFormatError`` that says where
-the sample is. The pipeline cannot go on after such a failure, whatever ``on_error`` says.
+The structural check in the workers (``worker/imagecheck.py``) catches most damage first, as a
+skippable per-sample error; what it misses (a frame header of 0x0 or 65000x65000 pixels, damage
+inside the compressed data, a crop window larger than the image) fails in DALI. Which sample that
+was is found by ``pytorch/incidents.py``; under ``on_error="skip"`` the iterator goes on without
+it. Imports no DALI.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from dali_shards.plan.mode import Streaming
 from dali_shards.errors import ShardFormatError
 from dali_shards.io.storage import local_path, open_shard
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.header import printable
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS
 
-_FAILED = re.compile(r"Failed to decode sample #(\d+)")
+FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")  # DALI's decoders name the batch place
 
 
-def decode_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Optional[ShardFormatError]:
-    """A ShardFormatError naming the sample DALI's decoder failed on, or None if ``exc`` is not
-    such a failure (or the sample cannot be told: the streaming mode, bucketing, which reorders
-    samples within windows by their lengths, a step off the plan)."""
-    text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
-    match = _FAILED.search(text)
-    if match is None or isinstance(info.mode, Streaming) or info.spec.bucket_window:
-        return None
-    slot = int(match.group(1))
-    plan = info.plan(epoch)
-    row = step - plan.start_step
-    if not 0 <= row < plan.steps - plan.start_step or not 0 <= slot < info.spec.batch_size:
-        return None
-    index = int(plan.rank_batches(info.rank)[0][step, slot])
+def locate(info: Any, plan: Any, index: int) -> Tuple[int, int]:
+    """The shard and the position in it of the sample at canonical ``index``."""
     starts = plan.canonical_starts
     shard = int(np.searchsorted(starts, index, side="right")) - 1
     while shard > 0 and info.shards[shard].samples == 0:  # empty shards share their start
         shard -= 1
-    position = index - int(starts[shard])
-    url = info.shards[shard].url
+    return shard, index - int(starts[shard])
+
+
+def sample_error(
+    info: Any, url: str, position: int, key: Optional[str], operator: str, step: int, epoch: int, count: int = 1
+) -> ShardFormatError:
+    """The error for ``on_error="raise"``: DALI's ``operator`` failed on this sample."""
     fields = [f.name for f in info.packing.byte_fields if IMAGE_EXTENSIONS.intersection(f.extensions)]
+    more = f" ({count - 1} more sample(s) of the step fail too)" if count > 1 else ""
     return ShardFormatError(
         url,
-        f"DALI's decoder failed on sample {position} of the shard (slot #{slot} of step {step} of epoch {epoch}, "
-        f"field {' or '.join(repr(f) for f in fields) or 'unknown'}): the image is damaged in a way the "
-        f"workers' image_check={info.options.image_check.value!r} does not catch (e.g. inside its compressed data)",
-        key=_key_at(url, position),
-        hint="remove or re-encode that sample; on_error='skip' cannot skip a sample DALI's decoder fails on",
+        f"DALI's {operator} failed on sample {position} of the shard (step {step} of epoch {epoch}){more}; "
+        f"if it is an image (field {' or '.join(repr(f) for f in fields) or 'none'}), it is damaged in a way "
+        f"the workers' image_check={info.options.image_check.value!r} does not catch (e.g. a frame header of "
+        "0x0 or 65000x65000 pixels, or damage inside its compressed data)",
+        key=key if key is not None else key_at(url, position),
+        hint="on_error='skip' leaves such samples out and goes on (DALIShardedIterator); or remove or re-encode it",
     )
 
 
-def _key_at(url: str, position: int) -> Optional[str]:
+def key_at(url: str, position: int) -> Optional[str]:
     """The key of sample ``position`` of a local shard, from its headers (None if unknown)."""
     if local_path(url) is None:
         return None

@@ -23,6 +23,7 @@ from dali_shards.shm.packed import FieldSpec
 from dali_shards.transfer.merge.transfer import MergeTransfer
 from dali_shards.transfer.ring.transfer import RingTransfer
 from dali_shards.device import check_start_method, default_device_id
+from dali_shards.pipeline.probe import Probe
 
 _TAG_PIPELINE_SEED = 0x4155_4720
 DEFAULT_NUM_THREADS = max(1, min(4, os.cpu_count() or 1))  # DALI's CPU threads when num_threads is not given
@@ -94,6 +95,7 @@ def build_sharded_pipeline(
         varying_outputs=captured["varying_outputs"],
         control=control,
         transfer=transfer,
+        probe=lambda packing: Probe(func, packing, kwargs, fn_args, fn_kwargs),
     )
     return pipe
 

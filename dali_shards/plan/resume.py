@@ -21,7 +21,7 @@ this release's ``PLAN_VERSION``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -66,11 +66,13 @@ def make_state(
     plan: Plan,
     steps: int,
     dataset: Optional[DatasetId] = None,
+    excluded: Sequence[int] = (),
 ) -> State:
     """The state after ``steps`` batches of ``plan`` (counted from the plan's step 0), the plan
     running in ``epoch`` after the ``prior`` layouts of that epoch. At the end of an epoch the
     state is the start of the next one. ``dataset`` identifies the shards (default: by the plan's
-    shard sizes alone, unnamed)."""
+    shard sizes alone, unnamed); ``excluded``, the samples DALI's operators failed on (kept for the
+    rest of the run)."""
     history: List[LayoutRecord]
     if steps >= plan.steps:
         epoch, history = epoch + 1, []
@@ -78,7 +80,7 @@ def make_state(
         history = []  # the start of a fresh epoch
     else:
         history = cast(List[LayoutRecord], [*prior, {**layout_of(spec), "steps": int(steps)}])
-    return {
+    state: State = {
         "format": STATE_FORMAT,
         "plan_version": plan.version if history else PLAN_VERSION,
         "dataset": (dataset or _unnamed(spec)).record(),
@@ -88,6 +90,9 @@ def make_state(
         "history": history,
         "mixture": mixture_digest(spec),
     }
+    if excluded:
+        state["excluded"] = sorted(int(i) for i in excluded)
+    return state
 
 
 def mixture_digest(spec: PlanSpec) -> Optional[str]:

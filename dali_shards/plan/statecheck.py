@@ -30,7 +30,8 @@ SPEC_NAMES = {"num_workers": "py_num_workers"}  # a saved key -> the spec's fiel
 COUNT_GROUPS = 32  # per-shard counts are hashed in up to this many groups of consecutive shards
 GROUP_DIGEST = 4  # hex characters per group
 # bounds no real run reaches; a state beyond them is refused before anything is planned for it
-MAX_STATE = {"world_size": 1 << 20, "num_workers": 1 << 12, "batch_size": 1 << 24, "history": 1 << 10}
+MAX_INDEX = 1 << 62  # no dataset holds more samples
+MAX_STATE = {"world_size": 1 << 20, "num_workers": 1 << 12, "batch_size": 1 << 24, "history": 1 << 10, "excluded": 1 << 20}
 
 
 class DatasetRecord(TypedDict):
@@ -58,8 +59,8 @@ class LayoutRecord(TypedDict):
     steps: int
 
 
-class State(TypedDict):
-    """``DALIShardedIterator.state_dict()``: plain JSON, the same on every rank."""
+class _StateFields(TypedDict):
+    """The fields every state has (see ``State``)."""
 
     format: str
     plan_version: int
@@ -69,6 +70,14 @@ class State(TypedDict):
     epoch: int
     history: List[LayoutRecord]
     mixture: Optional[str]  # a mix: the digest of its streams' bounds, draws and batching (None: one dataset)
+
+
+class State(_StateFields, total=False):
+    """``DALIShardedIterator.state_dict()``: plain JSON, the same on every rank but for ``excluded``."""
+
+    excluded: List[int]  # the __index__ of samples this rank's DALI operators failed on (on_error="skip")
+
+
 _FIX = "resume with the shards the state was saved for, listed in the same order"
 
 
@@ -195,6 +204,10 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
         _want(entry, "steps", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         if entry["batch_size"] % entry["num_workers"]:
             raise ConfigError(f"malformed state: {where}batch_size is not a multiple of {where}num_workers")
+    if "excluded" in state:
+        top, samples = MAX_STATE["excluded"], state["dataset"].get("samples", MAX_INDEX)
+        _want(state, "excluded", lambda v: isinstance(v, list) and len(v) <= top and all(_is_int(i) and 0 <= i < samples for i in v),
+              f"a list of at most {top} sample indices in 0..{samples - 1}")  # fmt: skip
     return {**state, "history": history}
 
 

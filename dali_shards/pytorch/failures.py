@@ -1,15 +1,15 @@
 """The iterator's calls into DALI, their failures said in our words: a worker's error as the
-dali_shards error it was, a dead or stuck worker as a ``WorkerError`` naming it, DALI's "failed to
-decode" as the sample it was; and the workers killed first whenever anything but the end of the
+dali_shards error it was, a dead or stuck worker as a ``WorkerError`` naming it, a DALI operator's failure as the samples it
+failed on (``incidents.py``); and the workers killed first whenever anything but the end of the
 epoch escapes a call, so that exit never waits on them."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Tuple
 
-from dali_shards.decode_failure import decode_failure
 from dali_shards.errors import DaliShardsError, WorkerError
 from dali_shards.pids import describe_exit
+from dali_shards.pytorch.incidents import dali_failure
 
 
 def guarded(it: Any, call: Callable[[], Any]) -> Any:
@@ -42,11 +42,11 @@ def guarded(it: Any, call: Callable[[], Any]) -> Any:
         carried = transfer.translate(exc)  # the worker's own error object: DALI's text of it adds nothing
         if carried is not None:
             raise carried from None
-        ours = decode_failure(exc, it.info, it.epoch, it._fetching_step())
-        if ours is not None:
-            raise ours from exc
         if dead or transfer.lost_worker(exc):
             raise worker_error(it, transfer.dead() or dead) from exc
+        ours = dali_failure(exc, it.info, it.epoch, it._fetching_step())  # a sample an operator failed on
+        if ours is not None:
+            raise ours from exc
         raise
     except BaseException:  # Ctrl-C, SIGTERM (see supervise), SystemExit: exit must not wait on workers
         transfer.kill()

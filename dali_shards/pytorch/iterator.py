@@ -19,6 +19,7 @@ from dali_shards.pipeline.decorator import pipeline_info
 from dali_shards.plan.mode import Streaming
 from dali_shards.supervise import Watchdog
 from dali_shards.pytorch.failures import guarded
+from dali_shards.pytorch.incidents import SampleFailure, skip
 from dali_shards.pytorch.outputs import STATUS_OUTPUT, BatchOutputs, check_output_map, device_of, select
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,9 @@ class DALIShardedIterator(DALIGenericIterator):
     - A worker's error is raised as the ``ShardError`` it was; a worker that dies, or makes no
       progress for ``worker_timeout`` while the iterator waits, raises a ``WorkerError`` saying
       which and where. When any exception (Ctrl-C included) escapes a call into DALI, the
-      pipeline's workers are killed first, so that exit never waits on them.
+      pipeline's workers are killed first, so that exit never waits on them. A sample a DALI
+      operator fails on is named (``on_error="raise"``) or left out, the pipeline rebuilt at that
+      step (``"skip"``; ``incidents`` lists each incident; see ``incidents.py``).
 
     The iterator adds one small output to the pipeline (each slot's index and status) when it
     builds it, to see padding and skipped samples; hand it a pipeline that is not built yet.
@@ -94,6 +97,7 @@ class DALIShardedIterator(DALIGenericIterator):
         self.mask_name = mask_name
         self.audit = audit
         self.audits: List[Dict] = []
+        self.incidents: List[Dict[str, Any]] = []
         self._output_names = list(output_map)
         self._iterator_options: Dict[str, Any] = dict(
             dynamic_shape=dynamic_shape, prepare_first_batch=prepare_first_batch
@@ -137,11 +141,14 @@ class DALIShardedIterator(DALIGenericIterator):
         self._watchdog: Optional[Watchdog] = None
         self._guarded(pipeline.build)  # starts the workers: watch them before the first batch
         self._watch(pipeline)
-        self._guarded(
-            lambda: DALIGenericIterator.__init__(
-                self, [pipeline], names, size=-1, auto_reset=False, **self._iterator_options
+        try:
+            self._guarded(
+                lambda: DALIGenericIterator.__init__(
+                    self, [pipeline], names, size=-1, auto_reset=False, **self._iterator_options
+                )
             )
-        )
+        except SampleFailure as failure:  # in the first batch
+            self._skip(failure)
 
     def _watch(self, pipeline: Pipeline) -> None:
         """Watch the started workers: for death, and (with a control block) for a stop in progress."""
@@ -177,6 +184,9 @@ class DALIShardedIterator(DALIGenericIterator):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
         self.info.resume_point(dict(state))  # refuse an incompatible state before stopping anything
+        self._rebuild(state)
+
+    def _rebuild(self, state: Mapping[str, Any]) -> None:
         rebuild = self.info.rebuild
         assert rebuild is not None  # build_sharded_pipeline gives every pipeline one
         if self._watchdog is not None:
@@ -187,17 +197,25 @@ class DALIShardedIterator(DALIGenericIterator):
         gc.collect()  # the old pipeline's worker processes stop when it is collected
         self._attach(rebuild(resume_from=state))
 
+    def _skip(self, failure: SampleFailure, at_step: Optional[int] = None) -> None:
+        """Go on without the samples a DALI operator failed on (``incidents.skip``)."""
+        skip(self, failure, at_step)
+
     def __next__(self) -> List[Dict[str, Any]]:
         if not self._plan_checked:
             self._plan_checked = True
             summary = lambda: plan_summary(self.state_dict(), len(self), self.info.spec, self.info.rank)  # noqa: E731
             assert self._pipeline is not None  # set by _attach
             check_same_plan(self.info.spec.world_size, summary, self._pipeline.device_id)
-        try:
-            batches = self._guarded(lambda: DALIGenericIterator.__next__(self))
-        except StopIteration:
-            self._end_epoch()
-            raise
+        while True:
+            try:
+                batches = self._guarded(lambda: DALIGenericIterator.__next__(self))
+                break
+            except StopIteration:
+                self._end_epoch()
+                raise
+            except SampleFailure as failure:
+                self._skip(failure)
         step = self._step
         self._step += 1
         return [self._apply_mask(self._outputs.finish(batches[0]), step)]
@@ -225,6 +243,10 @@ class DALIShardedIterator(DALIGenericIterator):
                 self._outputs.finish(self._guarded(lambda: DALIGenericIterator.__next__(self))[0])
             except StopIteration:
                 break
+            except SampleFailure as failure:  # in a batch to discard: start the next epoch without it
+                self._skip(failure, at_step=plan.steps)  # (the state at an epoch's end: the next one's start)
+                self._record = EpochRecord()
+                return
         if delivered < steps:
             log.info("dali_shards: epoch %d left after %d of %d batches", self.epoch, delivered, steps)
         if end is not None:

@@ -30,7 +30,8 @@ class ShardedPipelineInfo:
     (the iterator adds it as an output); ``key_outputs`` the positions of the outputs that are
     the ``__key__`` field as it comes (the iterator gives them as strings), ``varying_outputs`` those
     that are a bytes field as it comes (ragged unless ``ragged_outputs`` says otherwise); ``rebuild(**options)`` makes the same pipeline anew;
-    ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``).
+    ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``); ``probe(packing)``
+    runs chosen samples through the same definition (``pipeline/probe.py``).
     """
 
     resolved: Resolved
@@ -41,6 +42,7 @@ class ShardedPipelineInfo:
     varying_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
+    probe: Optional[Callable[..., Any]] = field(default=None, compare=False, repr=False)  # Packing -> pipeline.probe.Probe
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
     # packing, resume_plan and mode, as attributes
@@ -93,7 +95,8 @@ class ShardedPipelineInfo:
 
     def state(self, epoch: int, steps: int) -> State:
         """The resumable state after ``steps`` batches of ``epoch`` (counted from its plan's step 0)."""
-        return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps, self.resolved.dataset)
+        resolved = self.resolved
+        return make_state(self.spec, epoch, self.prior(epoch), self.plan(epoch), steps, resolved.dataset, resolved.excluded)
 
 
 def _any_lengths(plan: Plan, positions: np.ndarray) -> np.ndarray:

@@ -62,6 +62,7 @@ class Resolved:
     workers: Tuple[WorkerConfig, ...]
     bytes_per_sample_hint: Optional[int]
     lengths: Optional[SampleLengths] = None  # bucketing: samples' lengths, read in this process
+    excluded: Tuple[int, ...] = ()  # samples DALI's operators failed on (from the resume state)
 
     @property
     def spec(self) -> PlanSpec:
@@ -98,6 +99,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
     if options.resume_from is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
+    excluded = tuple(sorted(options.resume_from.get("excluded", ()))) if options.resume_from is not None else ()
     if streaming is None:
         mode: Mode = Planned(spec, resume_plan)
     else:
@@ -119,6 +121,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         storage=options.storage,
         start_epoch=start_epoch,
         shuffle_buffer=options.shuffle_buffer,
+        excluded=frozenset(excluded),
     )
     return Resolved(
         options=options,
@@ -134,6 +137,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         workers=tuple(dataclasses.replace(first_worker, worker=w) for w in range(options.py_num_workers)),
         bytes_per_sample_hint=bytes_per_sample_hint(shards, packing, options.py_num_workers, sizes),
         lengths=lengths,
+        excluded=excluded,
     )
 
 

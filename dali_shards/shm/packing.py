@@ -146,6 +146,14 @@ class Packing:
         fields = state.pop("fields")
         type(self).__init__(self, fields, **state)
 
+    def plain(self) -> "Packing":
+        """The same fields in the single-array form (one array per sample, no table)."""
+        state = {**self.__getstate__(), "table": False, "payload": None}
+        plain = Packing.__new__(Packing)
+        plain.__setstate__(state)
+        plain.set_streams(self.stream_starts)
+        return plain
+
     @property
     def byte_fields(self) -> Tuple[FieldSpec, ...]:
         """The fields that carry member bytes (not integers, keys, index or valid)."""

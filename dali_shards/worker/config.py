@@ -4,7 +4,7 @@ the main process, carried into the worker process by DALI (pickled, or inherited
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple, Union
+from typing import FrozenSet, Optional, Tuple, Union
 
 import numpy as np
 
@@ -29,6 +29,8 @@ class WorkerConfig:
     of shards listed by a version-3 manifest, read for the shards this worker reads
     (``sample_offsets``, ``sample_keys``).
     ``stage`` decodes, maps and measures samples (default: the packing's packing alone).
+    ``excluded``: the ``__index__`` of samples DALI's operators failed on (``on_error="skip"``):
+    read as skipped, whatever their bytes.
     """
 
     mode: Mode
@@ -47,6 +49,7 @@ class WorkerConfig:
     start_epoch: int = 0
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
+    excluded: FrozenSet[int] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.byte_sizes:

@@ -128,7 +128,7 @@ class DirectStep:
 
     # -- the fast path ---------------------------------------------------------------------
     def _direct(self, out: np.ndarray) -> int:
-        if not self.epoch.sane[self.unique].all():
+        if not self.epoch.sane[self.unique].all() or self._excluded():
             raise NotDirect()
         if self.capacity > len(out):
             raise Grow(self.capacity)
@@ -147,6 +147,11 @@ class DirectStep:
             rows[:, slot] = values[which]
         self.good.remember(place=int(self.unique[-1]))
         return self.capacity
+
+    def _excluded(self) -> bool:
+        """Whether a sample of this step is one DALI failed on (the general way skips it)."""
+        excluded = self.reading.cfg.excluded
+        return bool(excluded) and any(int(i) in excluded for i in self.epoch.index[self.unique].tolist())
 
     def _read(self, out: np.ndarray) -> None:
         """Read every sample's span into ``out`` after the rows, each at its (block-aligned) start."""

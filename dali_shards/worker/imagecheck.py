@@ -6,16 +6,18 @@ name the shard, key and field, which ``on_error="skip"`` then skips and counts. 
 (``image_check=``):
 
 - ``"structure"`` (default): JPEG -- the marker segments up to the first scan are walked (each
-  must fit in the data) and an end-of-image marker must follow the scan (a JPEG cut short has
-  none: 0xFF 0xD9 cannot occur inside entropy-coded data); PNG -- every chunk must fit, with a
+  must fit in the data), the frame header may not claim more than ``MAX_PIXELS`` pixels (a
+  decompression bomb, for which DALI would allocate gigabytes and keep them), and an end-of-image
+  marker must follow the scan (a JPEG cut short has none: 0xFF 0xD9 cannot occur inside
+  entropy-coded data); PNG -- every chunk must fit, with a
   matching CRC, from IHDR to IEND. Other formats: the signature only.
 - ``"signature"``: the first bytes must be an image signature DALI's decoders know.
 - ``"off"``: nothing is checked.
 
 Not caught: damage inside a JPEG's entropy-coded data that keeps its end marker (bit flips,
-garbage in the middle), and damage inside formats other than JPEG and PNG. Those still fail in
-DALI's decoder; the iterator then names the sample from the batch's index (see
-``decode_failure.py``), but cannot skip it. Imports no DALI.
+garbage in the middle), a frame of 0x0 pixels, and damage inside formats other than JPEG and PNG.
+Those fail in DALI's decoder; the iterator then finds the sample and names it or, under
+``on_error="skip"``, skips it (``pytorch/incidents.py``). Imports no DALI.
 """
 
 from __future__ import annotations
@@ -67,6 +69,15 @@ _IMAGE_SIGNATURES = (
 )
 _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn: no length field
+_JPEG_FRAMES = frozenset({*range(0xC0, 0xC4), *range(0xC5, 0xC8), *range(0xC9, 0xCC), *range(0xCD, 0xD0)})  # SOFn
+MAX_PIXELS = 1 << 28  # a frame header claiming more (over 16384 x 16384) is a decompression bomb
+
+
+def _too_large(height: int, width: int) -> Optional[str]:
+    if height * width <= MAX_PIXELS:
+        return None
+    return (f"is a JPEG whose frame header says {width}x{height} pixels, over the limit of {MAX_PIXELS} "
+            f"(a decompression bomb: DALI would allocate {3 * height * width / 2**30:.1f} GiB to decode it)")  # fmt: skip
 
 
 def looks_like_image(head: bytes) -> bool:
@@ -118,6 +129,10 @@ def jpeg_problem(data) -> Optional[str]:
         length = data[pos] << 8 | data[pos + 1]
         if length < 2 or pos + length > n:
             return f"is a truncated JPEG: segment 0xFF{marker:02X} at byte {pos - 2} runs past the end ({n} bytes)"
+        if marker in _JPEG_FRAMES and length >= 7:
+            bomb = _too_large(data[pos + 3] << 8 | data[pos + 4], data[pos + 5] << 8 | data[pos + 6])
+            if bomb:
+                return bomb
         pos += length
         if marker == 0xDA:  # start of scan: entropy-coded data follows
             break
@@ -163,12 +178,19 @@ def _jpegs_ok(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndar
         plain = (p + 4 <= e) & (at(p) == 0xFF) & ~_UNSURE_MARKERS[marker]
         plain &= (length >= 2) & (p + 2 + length <= e)
         scan = plain & (marker == 0xDA)
+        frame = plain & _FRAME_MARKERS[marker] & (length >= 7)
+        pixels = (at(p + 5) << 8 | at(p + 6)) * (at(p + 7) << 8 | at(p + 8))
+        active[idx[frame & (pixels > MAX_PIXELS)]] = False  # left to image_problem, which says why
+        plain &= ~(frame & (pixels > MAX_PIXELS))
+        scan &= plain
         reached[idx[scan]] = True
         pos[idx[plain]] = p[plain] + 2 + length[plain]
         active[idx[~plain | scan]] = False
     return reached & ends_eoi
 
 
+_FRAME_MARKERS = np.zeros(256, dtype=bool)
+_FRAME_MARKERS[sorted(_JPEG_FRAMES)] = True
 _UNSURE_MARKERS = np.zeros(256, dtype=bool)  # markers the lockstep walk leaves to image_problem
 _UNSURE_MARKERS[[0xFF, 0xD9, 0x00, *sorted(_JPEG_STANDALONE)]] = True
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Tupl
 from dali_shards.errors import ShardAccessError, ShardError, ShardFormatError
 from dali_shards.io.positioned import sample_in_span
 from dali_shards.tar.spans import fast_sample
-from dali_shards.io.storage import READ_ERRORS, read_ahead, read_attempts
+from dali_shards.io.storage import READ_ERRORS, open_shard, read_ahead, read_attempts
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.header import printable
 from dali_shards.tar.scan import key_fingerprint
@@ -53,6 +53,11 @@ class Skipped(NamedTuple):
     url: str
     key: Optional[str]
     reason: str
+
+
+def excluded(index: int, url: str, key: Optional[str]) -> Skipped:
+    """A sample DALI's operators failed on earlier in the run, skipped again (not logged again)."""
+    return Skipped(index, url, key, "DALI's operators failed on it earlier in this run")
 
 
 class ShardFailed(NamedTuple):
@@ -121,6 +126,8 @@ class ShardReader:
         ``__index__`` ``index``; under ``on_error="skip"`` a ``Skipped`` if it is bad."""
         self.progress()
         packing, url = self.config.packing, self.config.urls[shard]
+        if index in self.config.excluded:
+            return excluded(index, url, None)
         try:
             sample = fast_sample(data, url, position, packing.extensions) if len(data) == span[1] - span[0] else None
             if sample is None:  # anything out of the ordinary: the general reader accepts or names it
@@ -132,7 +139,17 @@ class ShardReader:
             return Skipped(index, url, None, exc.detail)
         return self._pack(sample, url, index, shard)
 
+    def read_one(self, shard: int, position: int, index: int) -> Item:
+        """The shard's sample at ``position``, packed as ``__index__`` ``index`` (or ``Skipped``)."""
+        cfg = self.config
+        with open_shard(cfg.urls[shard], cfg.storage, cfg.byte_sizes[shard]) as stream:
+            for _, item in self._read(shard, stream, lambda _: index, position, position + 1, None):
+                return item
+        raise fewer_than_planned(cfg.urls[shard], position, cfg.counts[shard])
+
     def _pack(self, sample, url: str, index: int, shard: int) -> Item:
+        if index in self.config.excluded:
+            return excluded(index, url, sample.key)
         try:
             self._check_key(sample, shard)
             assert self.config.stage is not None  # WorkerConfig sets it

@@ -46,6 +46,10 @@ class SampleStage:
         self.seed = seed
         self.user_code = [c for c in (mapper, bucket_by, *self.decoders.values()) if c is not None]
 
+    def with_packing(self, packing: Packing) -> "SampleStage":
+        """The same stage packing into ``packing``."""
+        return SampleStage(packing, self.mapper, self.decoders, self.bucket_by, self.seed)
+
     @property
     def mapped(self) -> bool:
         return self.mapper is not None

@@ -2,15 +2,16 @@
 
 A skipped sample's place keeps its index (so the iterator knows which was skipped) and carries a
 real sample, so that DALI's operators stay fed: the last good sample the worker emitted in this
-epoch, else the next good one it reads. A worker that finds none in its whole part of the epoch
-raises a ``ShardFormatError`` saying so.
+epoch, else the next good one it reads, else (a worker resumed where only skipped samples are
+left) one of the first samples of the dataset. A worker that finds none of these raises a
+``ShardFormatError`` saying so.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
-from dali_shards.errors import ShardFormatError
+from dali_shards.errors import ShardError, ShardFormatError
 from dali_shards.shm.packed import Packed
 
 
@@ -34,6 +35,8 @@ class StandIn:
         if self.packed is None:
             self.packed = next((item for item in more if isinstance(item, Packed)), None)
         if self.packed is None:
+            self.packed = first_good(self.config)
+        if self.packed is None:
             cfg = self.config
             raise ShardFormatError(
                 cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
@@ -41,3 +44,22 @@ class StandIn:
                 "skipped ones", hint="check the shards with `dali-shards inspect`",
             )  # fmt: skip
         return self.packed
+
+
+def first_good(config: Any, tries: int = 64) -> Optional[Packed]:
+    """One of the dataset's first ``tries`` samples that reads well (None if none does)."""
+    from dali_shards.worker.reader import ShardReader  # (the reader's module imports this one's users)
+
+    reader = ShardReader(config)
+    for shard, count in enumerate(config.counts):
+        for position in range(min(count, tries)):
+            tries -= 1
+            try:
+                item = reader.read_one(shard, position, -1)
+            except ShardError:
+                item = None
+            if isinstance(item, Packed):
+                return item
+        if tries <= 0:
+            break
+    return None

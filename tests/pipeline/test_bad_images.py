@@ -103,4 +103,4 @@ def test_a_decoder_failure_the_check_misses_is_named(tmp_path, number):
                                      ["image", "cls", "index"]):
             pass
     assert err.value.key == f"{number:04d}" and f"sample {number} of the shard" in str(err.value)
-    assert "DALI's decoder failed" in str(err.value)
+    assert "DALI's operator nvidia.dali.fn.decoders.image failed" in str(err.value)

@@ -1,0 +1,147 @@
+"""When a DALI operator fails on a step: which samples it failed on, and (``on_error="skip"``)
+going on without them.
+
+DALI stops its pipeline on the first sample an operator cannot take (an image its decoder
+rejects, a crop window larger than the image, the user's ``fn.python_function`` raising) and
+cannot replace it. We own the plan, so the step's samples are known: DALI's CPU decoder names the
+sample's place in the batch; otherwise the step's samples are read again in this process and run
+through the pipeline's own definition (``pipeline/probe.py``) until the ones it fails on alone are
+found. Under ``on_error="raise"`` that is one ``ShardFormatError`` naming the shard, the key and
+the operator. Under ``"skip"`` it is a ``SampleFailure`` the iterator catches: it adds the samples
+to the run's excluded ones (carried by its states), rebuilds the pipeline from the state at that
+step, and the workers read those samples as skipped -- their places padding marked invalid, as for
+any skipped sample, every other rank untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from dali_shards.decode_failure import FAILED_SAMPLE, key_at, locate, sample_error
+from dali_shards.errors import ShardFormatError, WorkerError
+from dali_shards.plan.mode import Streaming
+from dali_shards.worker.reader import ShardReader, Skipped
+
+log = logging.getLogger(__name__)
+
+_OPERATOR = re.compile(r"Error in (?:CPU|GPU|MIXED|Mixed|mixed) operator `([^`]+)`")
+
+
+class SampleFailure(Exception):
+    """DALI failed on ``samples`` (``[{"index", "shard", "key"}]``) at ``step`` of ``epoch``; raised
+    for the iterator to skip them (``on_error="skip"``). ``seconds`` says what finding them took."""
+
+    def __init__(self, epoch: int, step: int, samples: List[Dict[str, Any]], operator: str, seconds: float):
+        super().__init__(f"DALI's {operator} failed on {samples} at step {step} of epoch {epoch}")
+        self.epoch, self.step, self.samples, self.operator, self.seconds = epoch, step, samples, operator, seconds
+
+
+def operator_of(text: str) -> str:
+    """The DALI operator an error message names (``"a DALI operator"`` if none)."""
+    found = _OPERATOR.search(text)
+    return f"operator {found.group(1)}" if found else "a DALI operator"
+
+
+def dali_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Optional[Exception]:
+    """What to raise for a DALI error at ``step``: a ``SampleFailure`` (``on_error="skip"``) or a
+    ``ShardFormatError`` naming the samples it failed on, or None if the error cannot be traced to
+    samples of the step (then it is raised as it is)."""
+    if isinstance(info.mode, Streaming) or info.spec.bucket_window:
+        return None  # the samples of a step are not known ahead
+    plan = info.plan(epoch)
+    if not plan.start_step <= step < plan.steps:
+        return None
+    text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    operator = operator_of(text)
+    started = time.perf_counter()
+    indices = plan.rank_batches(info.rank)[0][step]
+    named = FAILED_SAMPLE.search(text)
+    excluded = set(info.resolved.excluded)
+    bad = [int(indices[int(named.group(1))])] if named is not None and int(named.group(1)) < len(indices) else []
+    if not bad or bad[0] in excluded:  # not named, or a skipped sample's stand-in (another sample) failed
+        bad = _probe(info, plan, [int(i) for i in dict.fromkeys(indices.tolist()) if i not in excluded])
+    if not bad:
+        return None
+    samples = [_described(info, plan, i) for i in bad]
+    seconds = time.perf_counter() - started
+    if info.on_error == "skip":
+        return SampleFailure(epoch, step, samples, operator, seconds)
+    first = samples[0]
+    return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
+
+
+def _described(info: Any, plan: Any, index: int) -> Dict[str, Any]:
+    shard, position = locate(info, plan, index)
+    url = info.shards[shard].url
+    return {"index": index, "shard": url, "position": position, "key": key_at(url, position)}
+
+
+def _probe(info: Any, plan: Any, indices: List[int]) -> List[int]:
+    """The step's samples the pipeline fails on alone, found by re-running them (``probe.py``)."""
+    from dali_shards.pipeline.probe import find_failing  # DALI glue: only when an incident needs it
+
+    if info.probe is None:
+        return []
+    plain = info.packing.plain()
+    config = info.resolved.workers[0]
+    config = dataclasses.replace(config, packing=plain, stage=config.stage.with_packing(plain), excluded=frozenset())
+    reader = ShardReader(config)
+    samples: List[Tuple[int, Any]] = []
+    for index in indices:
+        shard, position = locate(info, plan, index)
+        try:
+            item = reader.read_one(shard, position, index)
+        except ShardFormatError:
+            continue  # the workers skip it on their own (on_error="skip") or raised already
+        if not isinstance(item, Skipped):
+            samples.append((index, item))
+    bad, _ = find_failing(info.probe(plain), samples)
+    return bad
+
+
+def skip(it: Any, failure: SampleFailure, at_step: Optional[int] = None) -> None:
+    """Go on without the samples of ``failure`` (``on_error="skip"``): iterator ``it``'s pipeline is
+    rebuilt from the state at the failing step (or ``at_step``), those samples excluded for the rest
+    of the run; this rank alone, in the same step. The incident goes into ``it.incidents``."""
+    started = time.perf_counter()
+    # the failure's frames hold the failed pipeline (and what DALI allocated for the sample, up to
+    # gigabytes for a decompression bomb): let it go before the new one starts its workers
+    failure.__traceback__ = failure.__cause__ = failure.__context__ = None
+    excluded = excluded_after(it.info.resolved, failure)
+    if len(excluded) == len(it.info.resolved.excluded):  # the same samples again: nothing to gain
+        raise WorkerError(
+            f"dali_shards internal error: DALI failed again on samples already skipped ({failure.samples}); "
+            "please report it"
+        ) from failure
+    state = dict(it.info.state(failure.epoch, failure.step if at_step is None else at_step))
+    state["excluded"] = excluded
+    record, checked = it._record, it._plan_checked
+    it._rebuild(state)
+    it._record, it._plan_checked = record, checked  # the epoch goes on
+    it.incidents.append(log_skips(failure, time.perf_counter() - started))
+
+
+def log_skips(failure: SampleFailure, rebuild_s: float) -> Dict[str, Any]:
+    """Log each sample once; the incident as the iterator records it (with its costs)."""
+    for s in failure.samples:
+        log.warning(
+            "dali_shards: skipping sample %r (position %d) of shard %s: DALI's %s failed on it at step %d of epoch %d",
+            s["key"], s["position"], s["shard"], failure.operator, failure.step, failure.epoch,
+        )  # fmt: skip
+    return {
+        "epoch": failure.epoch,
+        "step": failure.step,
+        "operator": failure.operator,
+        "samples": [{k: s[k] for k in ("index", "shard", "key")} for s in failure.samples],
+        "find_s": round(failure.seconds, 4),
+        "rebuild_s": round(rebuild_s, 4),
+    }
+
+
+def excluded_after(resolved: Any, failure: SampleFailure) -> List[int]:
+    """The run's excluded samples with the failure's added."""
+    return sorted(set(resolved.excluded) | {int(s["index"]) for s in failure.samples})

@@ -1,0 +1,166 @@
+"""Samples a DALI operator fails on (images that pass the workers' structure check but not DALI's
+decoder, a failing user operator): skipped under on_error="skip" and training goes on, every
+other sample exactly once and equal steps on every rank; one typed error under "raise"."""
+
+import io
+import json
+import logging
+from collections import Counter
+
+import numpy as np
+import pytest
+from nvidia.dali import fn, types
+from PIL import Image
+
+from dali_shards import ShardFormatError, sharded_pipeline
+from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.sample_data import sample_images
+
+PHOTO = sample_images()[0].path
+
+
+def jpeg(size=(48, 32)) -> bytes:
+    buf = io.BytesIO()
+    Image.open(PHOTO).convert("RGB").resize(size).save(buf, "JPEG", quality=80)
+    return buf.getvalue()
+
+
+def with_frame(data: bytes, height: int, width: int) -> bytes:
+    """The JPEG with its frame header (SOF) saying ``height`` x ``width``: still well formed."""
+    b, i = bytearray(data), 2
+    while i < len(b):
+        marker, length = b[i + 1], int.from_bytes(b[i + 2 : i + 4], "big")
+        if marker in (0xC0, 0xC1, 0xC2):
+            b[i + 5 : i + 7], b[i + 7 : i + 9] = height.to_bytes(2, "big"), width.to_bytes(2, "big")
+            return bytes(b)
+        i += 2 + length
+    raise ValueError("no frame header")
+
+
+GOOD = jpeg()
+BAD = {"zero": with_frame(GOOD, 0, 0), "bomb": with_frame(GOOD, 65000, 65000)}
+
+
+def shards(make_shards, sizes, bad):
+    """Shards of small JPEGs; ``bad`` maps a global index to the kind of bad image it holds."""
+
+    def sample(index, shard, position):
+        return {"__key__": f"s{index:04d}", "jpg": BAD[bad[index]] if index in bad else GOOD, "cls": str(index)}
+
+    return make_shards(sizes, sample)
+
+
+def decoding(source, **options):
+    @sharded_pipeline(source, fields=("jpg", "cls"), num_threads=2, device_id=None, **options)
+    def pipe(jpg, cls):
+        return fn.resize(fn.decoders.image(jpg, device="cpu", output_type=types.RGB), size=(16, 16)), cls
+
+    return pipe
+
+
+def epochs(make, world, n, transfer, audit=False):
+    """Per epoch: the labels delivered over all ranks, the steps of each rank; and the iterators."""
+    its = [DALIShardedIterator(make(world_size=world, rank=r, transfer=transfer)(), ["image", "cls"], audit=audit)
+           for r in range(world)]  # fmt: skip
+    out = []
+    for _ in range(n):
+        labels, steps = [], []
+        for it in its:
+            got = [b[0] for b in it]
+            steps.append(len(got))
+            labels += [int(c) for b in got for c in b["cls"].view(-1).tolist()]
+        out.append((labels, steps))
+    return out, its
+
+
+@pytest.mark.parametrize("kind", ["zero", "bomb"])
+def test_images_dali_rejects_are_skipped_over_two_epochs_and_two_ranks(make_shards, transfer, kind, caplog):
+    """0x0 passes the workers' check and fails in DALI; 65000x65000 (a decompression bomb, for which
+    DALI would allocate and keep 12 GB) is refused by the workers' check: both skipped alike."""
+    bad = {5: kind, 23: kind}
+    paths = shards(make_shards, (10, 0, 17, 9), bad)
+    make = lambda **kw: decoding(paths, batch_size=4, py_num_workers=2, shuffle=True, on_error="skip", **kw)  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="dali_shards"):
+        result, its = epochs(make, 2, 2, transfer, audit=True)
+    for labels, steps in result:
+        assert sorted(labels) == [i for i in range(36) if i not in bad]
+        assert len(set(steps)) == 1
+    skipped = [s for it in its for inc in it.incidents for s in inc["samples"]]
+    if kind == "zero":  # found in DALI once each, then skipped for the run
+        assert sorted(s["index"] for s in skipped) == sorted(bad)
+        assert all(s["key"] == f"s{s['index']:04d}" for s in skipped)
+    else:
+        assert not skipped
+    if kind == "zero":  # (the workers log theirs in their own processes)
+        assert len([r for r in caplog.records if "skipping sample" in r.getMessage()]) == len(bad)
+    for epoch in range(2):  # each rank's audit counts the samples it skipped, in the epochs it met them
+        skipped = sorted(i for it in its for i in it.audits[epoch]["skipped"])
+        assert skipped == sorted(bad) and all(it.audits[epoch]["missing"] == 0 for it in its)
+
+
+def test_three_bad_samples_in_one_batch_and_a_resume_after(make_shards, transfer):
+    bad = {0: "zero", 1: "zero", 2: "zero"}
+    paths = shards(make_shards, (8, 8), bad)
+    make = lambda **kw: decoding(paths, batch_size=4, py_num_workers=1, shuffle=False, on_error="skip", **kw)  # noqa: E731
+    it = DALIShardedIterator(make(transfer=transfer)(), ["image", "cls"])  # the first batch fails at once
+    first = next(it)[0]
+    assert [int(c) for c in first["cls"].view(-1).tolist()] == [3]
+    state = it.state_dict()
+    assert state["excluded"] == [0, 1, 2] and len(json.dumps(state)) < 2000
+    rest = [int(c) for b in it for c in b[0]["cls"].view(-1).tolist()]
+    assert rest == list(range(4, 16))
+    resumed = DALIShardedIterator(make(transfer=transfer, resume_from=state)(), ["image", "cls"])
+    assert [int(c) for b in resumed for c in b[0]["cls"].view(-1).tolist()] == list(range(4, 16))
+    again = [int(c) for b in resumed for c in b[0]["cls"].view(-1).tolist()]  # the next epoch: still skipped
+    assert again == list(range(3, 16)) and not resumed.incidents
+
+
+def test_a_bad_sample_in_the_last_padded_step(make_shards):
+    bad = {12: "zero"}
+    paths = shards(make_shards, (13,), bad)
+    make = lambda **kw: decoding(paths, batch_size=4, py_num_workers=2, shuffle=False, on_error="skip", **kw)  # noqa: E731
+    (result,), its = epochs(make, 1, 1, "ring")
+    labels, steps = result
+    assert sorted(labels) == list(range(12)) and steps == [4]
+
+
+def test_a_user_operator_failing_on_one_sample_is_found_and_skipped(make_shards, transfer):
+    paths = shards(make_shards, (9,), {})
+
+    def check(cls):
+        if int(cls) == 6:
+            raise ValueError("no label 6 here")
+        return cls
+
+    @sharded_pipeline(paths, fields=("cls",), batch_size=3, py_num_workers=1, shuffle=False, on_error="skip",
+                      transfer=transfer, num_threads=1, device_id=None)  # fmt: skip
+    def pipe(cls):
+        return fn.python_function(cls, function=check, num_outputs=1)
+
+    it = DALIShardedIterator(pipe(), ["cls"])
+    labels = [int(c) for b in it for c in b[0]["cls"].view(-1).tolist()]
+    assert labels == [0, 1, 2, 3, 4, 5, 7, 8]
+    (incident,) = it.incidents
+    assert incident["samples"][0]["index"] == 6 and "python_function" in incident["operator"]
+    assert incident["find_s"] < 30 and incident["rebuild_s"] < 30
+
+
+def test_under_raise_one_typed_error_names_the_shard_the_key_and_the_operator(make_shards, transfer):
+    paths = shards(make_shards, (6,), {4: "zero"})
+    pipe = decoding(paths, batch_size=3, py_num_workers=1, shuffle=False, transfer=transfer)()
+    it = DALIShardedIterator(pipe, ["image", "cls"])
+    with pytest.raises(ShardFormatError) as err:
+        for _ in it:
+            pass
+    text = str(err.value)
+    assert paths[0] in text and "s0004" in text and "decoders.image" in text and "sample 4" in text
+
+
+def test_nothing_is_probed_when_nothing_fails(make_shards):
+    paths = shards(make_shards, (7, 5), {})
+    (result,), its = epochs(
+        lambda **kw: decoding(paths, batch_size=4, py_num_workers=2, on_error="skip", **kw), 1, 1, "ring"
+    )
+    assert sorted(result[0]) == list(range(12)) and not its[0].incidents
+    assert Counter(result[0]).most_common(1)[0][1] == 1
+    assert np.isfinite(0)

@@ -44,7 +44,7 @@ def sample_error(
         f"DALI's {operator} failed on sample {position} of the shard (step {step} of epoch {epoch}){more}; "
         f"if it is an image (field {' or '.join(repr(f) for f in fields) or 'none'}), it is damaged in a way "
         f"the workers' image_check={info.options.image_check.value!r} does not catch (e.g. a frame header of "
-        "0x0 or 65000x65000 pixels, or damage inside its compressed data)",
+        "0x0 pixels, or damage inside its compressed data)",
         key=key if key is not None else key_at(url, position),
         hint="on_error='skip' leaves such samples out and goes on (DALIShardedIterator); or remove or re-encode it",
     )

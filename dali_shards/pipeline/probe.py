@@ -63,25 +63,21 @@ class Probe:
         return None
 
 
-def find_failing(probe: Probe, samples: Sequence[Tuple[int, Packed]]) -> Tuple[List[int], Optional[BaseException]]:
+def find_failing(probe: Probe, samples: Sequence[Tuple[int, Packed]]) -> Tuple[List[int], Optional[int]]:
     """The keys of the samples ``probe`` fails on alone (group testing: groups of about sqrt(n),
-    then one by one within a failing group), and one of the errors seen."""
+    then one by one within a failing group), and the key of one it does not fail on (None if none)."""
     capacity = max(1, len(samples))
     group = max(1, math.isqrt(len(samples)))
     bad: List[int] = []
-    error: Optional[BaseException] = None
+    good: Optional[int] = None
     for lo in range(0, len(samples), group):
         part = samples[lo : lo + group]
-        exc = probe.fails([s for _, s in part], capacity)
-        if exc is None:
-            continue
-        if len(part) == 1:
-            bad.append(part[0][0])
-            error = exc
+        if probe.fails([s for _, s in part], capacity) is None:
+            good = part[0][0] if good is None else good
             continue
         for key, sample in part:
-            one = probe.fails([sample], capacity)
-            if one is not None:
+            if probe.fails([sample], capacity) is not None:
                 bad.append(key)
-                error = one
-    return bad, error
+            elif good is None:
+                good = key
+    return bad, good

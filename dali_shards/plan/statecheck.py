@@ -204,6 +204,9 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
         _want(entry, "steps", lambda v: _is_int(v) and v >= 0, "an integer >= 0", where)
         if entry["batch_size"] % entry["num_workers"]:
             raise ConfigError(f"malformed state: {where}batch_size is not a multiple of {where}num_workers")
+    if "stand_in" in state:  # (only in the states a rebuild after a skip passes on)
+        samples = state["dataset"].get("samples", MAX_INDEX)
+        _want(state, "stand_in", lambda v: _is_int(v) and 0 <= v < samples, f"a sample index in 0..{samples - 1}")
     if "excluded" in state:
         top, samples = MAX_STATE["excluded"], state["dataset"].get("samples", MAX_INDEX)
         _want(state, "excluded", lambda v: isinstance(v, list) and len(v) <= top and all(_is_int(i) and 0 <= i < samples for i in v),
@@ -219,4 +222,5 @@ def _want(obj: Mapping[str, Any], key: str, ok, what: str, where: str = "") -> N
     if key not in obj:
         raise ConfigError(f"malformed state: {where}{key} is missing (a dali_shards state_dict() has it)")
     if not ok(obj[key]):
-        raise ConfigError(f"malformed state: {where}{key} must be {what}, got {obj[key]!r}")
+        got = repr(obj[key])
+        raise ConfigError(f"malformed state: {where}{key} must be {what}, got {got[:200]}{'...' if len(got) > 200 else ''}")

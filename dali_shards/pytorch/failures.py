@@ -44,7 +44,7 @@ def guarded(it: Any, call: Callable[[], Any]) -> Any:
             raise carried from None
         if dead or transfer.lost_worker(exc):
             raise worker_error(it, transfer.dead() or dead) from exc
-        ours = dali_failure(exc, it.info, it.epoch, it._fetching_step())  # a sample an operator failed on
+        ours = dali_failure(exc, it.info, it.epoch, it._fetching_step(), it._last_good)  # a sample an operator failed on
         if ours is not None:
             raise ours from exc
         raise

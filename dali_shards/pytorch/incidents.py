@@ -33,11 +33,14 @@ _OPERATOR = re.compile(r"Error in (?:CPU|GPU|MIXED|Mixed|mixed) operator `([^`]+
 
 class SampleFailure(Exception):
     """DALI failed on ``samples`` (``[{"index", "shard", "key"}]``) at ``step`` of ``epoch``; raised
-    for the iterator to skip them (``on_error="skip"``). ``seconds`` says what finding them took."""
+    for the iterator to skip them (``on_error="skip"``). ``seconds`` says what finding them took;
+    ``good``, a sample of the step DALI took (None if not known)."""
 
-    def __init__(self, epoch: int, step: int, samples: List[Dict[str, Any]], operator: str, seconds: float):
+    def __init__(self, epoch: int, step: int, samples: List[Dict[str, Any]], operator: str, seconds: float,
+                 good: Optional[int] = None):  # fmt: skip
         super().__init__(f"DALI's {operator} failed on {samples} at step {step} of epoch {epoch}")
         self.epoch, self.step, self.samples, self.operator, self.seconds = epoch, step, samples, operator, seconds
+        self.good = good
 
 
 def operator_of(text: str) -> str:
@@ -46,10 +49,12 @@ def operator_of(text: str) -> str:
     return f"operator {found.group(1)}" if found else "a DALI operator"
 
 
-def dali_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Optional[Exception]:
+def dali_failure(exc: BaseException, info: Any, epoch: int, step: int, known_good: Optional[int] = None) -> Optional[Exception]:
     """What to raise for a DALI error at ``step``: a ``SampleFailure`` (``on_error="skip"``) or a
     ``ShardFormatError`` naming the samples it failed on, or None if the error cannot be traced to
-    samples of the step (then it is raised as it is)."""
+    samples of the step (then it is raised as it is). ``known_good``: a sample DALI took earlier
+    in the run (without one, the step's samples are re-run to find one, to stand in for the
+    skipped)."""
     if isinstance(info.mode, Streaming) or info.spec.bucket_window:
         return None  # the samples of a step are not known ahead
     plan = info.plan(epoch)
@@ -62,14 +67,16 @@ def dali_failure(exc: BaseException, info: Any, epoch: int, step: int) -> Option
     named = FAILED_SAMPLE.search(text)
     excluded = set(info.resolved.excluded)
     bad = [int(indices[int(named.group(1))])] if named is not None and int(named.group(1)) < len(indices) else []
-    if not bad or bad[0] in excluded:  # not named, or a skipped sample's stand-in (another sample) failed
-        bad = _probe(info, plan, [int(i) for i in dict.fromkeys(indices.tolist()) if i not in excluded])
+    good = known_good
+    skip = info.on_error == "skip"
+    if not bad or bad[0] in excluded or (skip and good is None):  # not named, a stand-in failed, or no good one known
+        bad, good = _probe(info, plan, [int(i) for i in dict.fromkeys(indices.tolist()) if i not in excluded])
     if not bad:
         return None
     samples = [_described(info, plan, i) for i in bad]
     seconds = time.perf_counter() - started
-    if info.on_error == "skip":
-        return SampleFailure(epoch, step, samples, operator, seconds)
+    if skip:
+        return SampleFailure(epoch, step, samples, operator, seconds, good)
     first = samples[0]
     return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
 
@@ -80,12 +87,13 @@ def _described(info: Any, plan: Any, index: int) -> Dict[str, Any]:
     return {"index": index, "shard": url, "position": position, "key": key_at(url, position)}
 
 
-def _probe(info: Any, plan: Any, indices: List[int]) -> List[int]:
-    """The step's samples the pipeline fails on alone, found by re-running them (``probe.py``)."""
+def _probe(info: Any, plan: Any, indices: List[int]) -> Tuple[List[int], Optional[int]]:
+    """The step's samples the pipeline fails on alone, found by re-running them (``probe.py``),
+    and one it takes."""
     from dali_shards.pipeline.probe import find_failing  # DALI glue: only when an incident needs it
 
     if info.probe is None:
-        return []
+        return [], None
     plain = info.packing.plain()
     config = info.resolved.workers[0]
     config = dataclasses.replace(config, packing=plain, stage=config.stage.with_packing(plain), excluded=frozenset())
@@ -99,8 +107,7 @@ def _probe(info: Any, plan: Any, indices: List[int]) -> List[int]:
             continue  # the workers skip it on their own (on_error="skip") or raised already
         if not isinstance(item, Skipped):
             samples.append((index, item))
-    bad, _ = find_failing(info.probe(plain), samples)
-    return bad
+    return find_failing(info.probe(plain), samples)
 
 
 def skip(it: Any, failure: SampleFailure, at_step: Optional[int] = None) -> None:
@@ -112,16 +119,21 @@ def skip(it: Any, failure: SampleFailure, at_step: Optional[int] = None) -> None
     # gigabytes for a decompression bomb): let it go before the new one starts its workers
     failure.__traceback__ = failure.__cause__ = failure.__context__ = None
     excluded = excluded_after(it.info.resolved, failure)
-    if len(excluded) == len(it.info.resolved.excluded):  # the same samples again: nothing to gain
+    if len(excluded) == len(set(it.info.resolved.excluded)):  # the same samples again: nothing to gain
         raise WorkerError(
             f"dali_shards internal error: DALI failed again on samples already skipped ({failure.samples}); "
             "please report it"
         ) from failure
-    state = dict(it.info.state(failure.epoch, failure.step if at_step is None else at_step))
+    state: Dict[str, Any] = dict(it.info.state(failure.epoch, failure.step if at_step is None else at_step))
     state["excluded"] = excluded
-    record, checked = it._record, it._plan_checked
+    good = it._last_good if it._last_good is not None else failure.good
+    if good is not None:  # what the workers put in the skipped samples' places: a sample DALI took
+        state["stand_in"] = good
+    record, checked, held = it._record, it._plan_checked, it._held_plan
+    if held is None or held[0] != failure.epoch:  # len() and the audit go on counting the whole epoch
+        held = (failure.epoch, it.info.plan(failure.epoch))
     it._rebuild(state)
-    it._record, it._plan_checked = record, checked  # the epoch goes on
+    it._record, it._plan_checked, it._held_plan = record, checked, held  # the epoch goes on
     it.incidents.append(log_skips(failure, time.perf_counter() - started))
 
 

@@ -98,6 +98,8 @@ class DALIShardedIterator(DALIGenericIterator):
         self.audit = audit
         self.audits: List[Dict] = []
         self.incidents: List[Dict[str, Any]] = []
+        self._last_good: Optional[int] = None  # a sample DALI took (stands in for skipped ones after a rebuild)
+        self._held_plan: Optional[tuple] = None  # (epoch, its plan) from before a rebuild inside it
         self._output_names = list(output_map)
         self._iterator_options: Dict[str, Any] = dict(
             dynamic_shape=dynamic_shape, prepare_first_batch=prepare_first_batch
@@ -173,7 +175,7 @@ class DALIShardedIterator(DALIGenericIterator):
     def __len__(self) -> int:
         """Batches this iterator delivers in the current epoch, from where it started it: the steps
         per epoch, or what was left of the epoch it resumed in."""
-        plan = self.info.plan(self.epoch)
+        plan = self._plan()
         return plan.steps - plan.start_step
 
     def state_dict(self) -> Dict[str, Any]:
@@ -223,7 +225,7 @@ class DALIShardedIterator(DALIGenericIterator):
     def __iter__(self) -> "DALIShardedIterator":
         """The iterator itself: a loop continues the current epoch where it stands (after every
         batch of an epoch was taken, the next epoch)."""
-        if self._step >= self.info.plan(self.epoch).steps:
+        if self._step >= self._plan().steps:
             self.reset()
         return self
 
@@ -233,7 +235,7 @@ class DALIShardedIterator(DALIGenericIterator):
         The workers are told to end the epoch after the batches they may already have prepared
         (about ``prefetch_queue_depth + worker_prefetch + 1``); those are read and discarded. The
         next epochs, and states saved in them, are whole and exactly once as ever."""
-        plan = self.info.plan(self.epoch)
+        plan = self._plan()
         if self._step == plan.start_step:
             return
         delivered, steps = self._step - plan.start_step, plan.steps - plan.start_step
@@ -241,6 +243,7 @@ class DALIShardedIterator(DALIGenericIterator):
         while True:  # read and discard what is left: at most ``end - delivered`` batches
             try:
                 self._outputs.finish(self._guarded(lambda: DALIGenericIterator.__next__(self))[0])
+                self._step += 1
             except StopIteration:
                 break
             except SampleFailure as failure:  # in a batch to discard: start the next epoch without it
@@ -284,7 +287,7 @@ class DALIShardedIterator(DALIGenericIterator):
         self._record = EpochRecord()
 
     def _finish_audit(self) -> None:
-        plan = self.info.plan(self.epoch)
+        plan = self._plan()
         ranks = gather(self._record)
         lengths = self.info.resolved.lengths
         if ranks is None:  # this rank alone: compare with its own share of the plan
@@ -298,6 +301,12 @@ class DALIShardedIterator(DALIGenericIterator):
         if not report["exactly_once"]:
             log.warning("dali_shards: audit of epoch %d: %s", self.epoch, report)
 
+    def _plan(self) -> Any:
+        """The current epoch's plan from where this iterator started it (a rebuild after a skipped
+        sample starts a pipeline in the middle of it)."""
+        held = self._held_plan
+        return held[1] if held is not None and held[0] == self.epoch else self.info.plan(self.epoch)
+
     def _guarded(self, call):
         """Run a DALI call, its failures said in our words (``failures.guarded``)."""
         return guarded(self, call)
@@ -310,6 +319,8 @@ class DALIShardedIterator(DALIGenericIterator):
         if self._status:
             status = batch.pop(STATUS_OUTPUT).to("cpu").reshape(-1, 2).numpy()
             mask = status[:, 1] == 1
+            if mask.any():
+                self._last_good = int(status[mask, 0][-1])
             if self.audit:
                 self._record.add(status[mask, 0], status[status[:, 1] == -1, 0])
         else:

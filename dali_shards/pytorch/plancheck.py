@@ -24,6 +24,7 @@ def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> 
     readable figures and the rank."""
     layout = [spec.world_size, spec.py_num_workers, spec.batch_size, spec.last_batch]
     plan_state = {**state, "dataset": {k: v for k, v in state.get("dataset", {}).items() if k not in _NAMES}}
+    plan_state.pop("excluded", None)  # each rank's own (the samples its DALI operators failed on)
     blob = json.dumps([plan_state, steps, layout], sort_keys=True, default=str).encode()
     fingerprint = int(hashlib.sha1(blob).hexdigest()[:15], 16)
     epoch = int(state.get("epoch", -1))

@@ -99,7 +99,9 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
     if options.resume_from is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
-    excluded = tuple(sorted(options.resume_from.get("excluded", ()))) if options.resume_from is not None else ()
+    resumed = options.resume_from or {}
+    excluded = tuple(sorted({int(i) for i in resumed.get("excluded", ())}))
+    stand_in = resumed.get("stand_in")
     if streaming is None:
         mode: Mode = Planned(spec, resume_plan)
     else:
@@ -122,6 +124,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         start_epoch=start_epoch,
         shuffle_buffer=options.shuffle_buffer,
         excluded=frozenset(excluded),
+        stand_in=None if stand_in is None else int(stand_in),
     )
     return Resolved(
         options=options,

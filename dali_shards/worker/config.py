@@ -50,6 +50,7 @@ class WorkerConfig:
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
     excluded: FrozenSet[int] = field(default=frozenset(), compare=False, repr=False)
+    stand_in: Optional[int] = None  # the __index__ of a sample DALI took: stands in for excluded ones first
 
     def __post_init__(self) -> None:
         if not self.byte_sizes:

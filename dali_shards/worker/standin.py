@@ -2,14 +2,17 @@
 
 A skipped sample's place keeps its index (so the iterator knows which was skipped) and carries a
 real sample, so that DALI's operators stay fed: the last good sample the worker emitted in this
-epoch, else the next good one it reads, else (a worker resumed where only skipped samples are
-left) one of the first samples of the dataset. A worker that finds none of these raises a
+epoch, else the sample the iterator names as one DALI took (``config.stand_in``, after a rebuild
+for a sample DALI failed on), else the next good one it reads, else one of the first samples of
+the dataset. A worker that finds none of these raises a
 ``ShardFormatError`` saying so.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
 
 from dali_shards.errors import ShardError, ShardFormatError
 from dali_shards.shm.packed import Packed
@@ -32,6 +35,8 @@ class StandIn:
         if self.packed is None and self.place is not None and self.reread is not None:
             item = self.reread(self.place)
             self.packed = item if isinstance(item, Packed) else None
+        if self.packed is None and self.config.stand_in is not None:
+            self.packed = sample_at(self.config, self.config.stand_in)
         if self.packed is None:
             self.packed = next((item for item in more if isinstance(item, Packed)), None)
         if self.packed is None:
@@ -46,16 +51,33 @@ class StandIn:
         return self.packed
 
 
+def sample_at(config: Any, index: int) -> Optional[Packed]:
+    """The sample at canonical ``index``, if it reads well."""
+    from dali_shards.worker.reader import ShardReader
+
+    ends = np.cumsum(config.counts)
+    shard = int(np.searchsorted(ends, index, side="right"))
+    if shard >= len(ends):
+        return None
+    try:
+        item = ShardReader(config).read_one(shard, index - int(ends[shard] - config.counts[shard]), index)
+    except ShardError:
+        return None
+    return item if isinstance(item, Packed) else None
+
+
 def first_good(config: Any, tries: int = 64) -> Optional[Packed]:
     """One of the dataset's first ``tries`` samples that reads well (None if none does)."""
     from dali_shards.worker.reader import ShardReader  # (the reader's module imports this one's users)
 
     reader = ShardReader(config)
+    start = 0
     for shard, count in enumerate(config.counts):
+        start += count
         for position in range(min(count, tries)):
             tries -= 1
             try:
-                item = reader.read_one(shard, position, -1)
+                item = reader.read_one(shard, position, start - count + position)
             except ShardError:
                 item = None
             if isinstance(item, Packed):

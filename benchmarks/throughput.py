@@ -52,7 +52,7 @@ def configurations(args) -> List[Run]:
     for mode in [m for m in args.modes.split(",") if m]:
         counts = args.workers if mode == "bytes" else [args.decode_workers]
         for n in counts:
-            runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in TRANSFERS]
+            runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in args.transfers.split(",")]
         runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
         runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
         if args.image_check_cost:
@@ -101,8 +101,9 @@ def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, floa
             out[f"bytes_ring_vs_merge_{n}_workers"] = ring / merge
         if ring and native:
             out[f"bytes_ring_vs_native_{n}_workers"] = ring / native
-    if rate("bytes", "ring", 8) and rate("bytes", "ring", 2):
-        out["bytes_ring_8_vs_2_workers"] = rate("bytes", "ring", 8) / rate("bytes", "ring", 2)
+    for n in args.workers:  # the ring's scaling over workers (16 workers share a batch of 256 16 apiece)
+        if n != 2 and rate("bytes", "ring", n) and rate("bytes", "ring", 2):
+            out[f"bytes_ring_{n}_vs_2_workers"] = rate("bytes", "ring", n) / rate("bytes", "ring", 2)
     d = args.decode_workers
     for label in TRANSFERS:
         if rate("decode", label, d) and rate("decode", "native_webdataset", d):
@@ -142,6 +143,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each runs every configuration once")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run (after a warm-up epoch)")
     ap.add_argument("--modes", default="bytes,decode")
+    ap.add_argument("--transfers", default=",".join(TRANSFERS), help="the transfers measured (comma-separated)")
     ap.add_argument("--device-id", type=int, default=None, help="GPU id for mixed decode (default: CPU only)")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))

@@ -17,10 +17,13 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
   called from the stages above).
 
 Contiguous runs (``--block 0``) and interleaving (``--block 256``, with at least as many shards as a
-worker's share of a batch: ``--per-shard 64``) read differently; run both. Prints a table and writes
-JSON.
+worker's share of a batch: ``--per-shard 64``) read differently; run both. ``--per-step`` measures
+several step sizes (samples a worker fills per step: a batch of 256 shared by 2 to 16 workers fills
+128 to 16) in one run, each against the first: a worker's cost per sample should not depend on it.
+Prints a table and writes JSON.
 
     python benchmarks/worker_cost.py --block 0 && python benchmarks/worker_cost.py --block 256 --per-shard 64
+    python benchmarks/worker_cost.py --per-step 256,32,16
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def make_source(args):
 
     shards = build_bench_shards(bench_dir(args.data_dir, args.samples, args.per_shard), num_samples=args.samples,
                                 samples_per_shard=args.per_shard)  # fmt: skip
-    opts = ShardedOptions.from_keywords(source=shards, fields=("jpg", "cls"), batch_size=args.batch_size,
+    opts = ShardedOptions.from_keywords(source=shards, fields=("jpg", "cls"), batch_size=2 * args.per_step,
                                         py_num_workers=2, shuffle=True, shuffle_block=args.block)  # fmt: skip
     resolved = resolve(opts)
     config = resolved.workers[0]
@@ -106,55 +109,66 @@ def one_epoch(config, new_source, epoch: int, buffer) -> int:
     return count
 
 
-def measure(args) -> Dict:
+def measure(args, per_steps) -> Dict[int, Dict]:
+    """Each step size's cost per sample: the sizes measured in interleaved rounds (one epoch of each
+    per round), so that machine noise hits them alike; then a profile of each."""
     import numpy as np
 
-    config, interleaving, new_source = make_source(args)
+    cases = {}
     buffer = np.empty(256 << 20, dtype=np.uint8)
-    one_epoch(config, new_source, 0, buffer)  # warm the page cache and the imports
-    costs = []
+    for n in per_steps:
+        config, interleaving, new_source = make_source(argparse.Namespace(**{**vars(args), "per_step": n}))
+        one_epoch(config, new_source, 0, buffer)  # warm the page cache and the imports
+        cases[n] = (config, interleaving, new_source, [])
     for r in range(args.rounds):
-        t = time.process_time()
-        n = one_epoch(config, new_source, r + 1, buffer)
-        costs.append((time.process_time() - t) / n * 1e6)
-    profile = cProfile.Profile()
-    profile.enable()
-    one_epoch(config, new_source, args.rounds + 1, buffer)
-    profile.disable()
-    own: Dict[str, float] = dict.fromkeys(STAGES, 0.0)
-    for (filename, _, function), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():
-        own[stage_of(filename, function)] += tottime
-    total = sum(own.values())
-    per_sample = statistics.median(costs)
-    return {
-        "interleaving": interleaving,
-        "cpu_us_per_sample": per_sample,
-        "rounds_us": costs,
-        "stages_us": {k: per_sample * v / total for k, v in own.items()},
-    }
+        for config, _, new_source, costs in cases.values():
+            t = time.process_time()
+            count = one_epoch(config, new_source, r + 1, buffer)
+            costs.append((time.process_time() - t) / count * 1e6)
+    out = {}
+    for n, (config, interleaving, new_source, costs) in cases.items():
+        profile = cProfile.Profile()
+        profile.enable()
+        one_epoch(config, new_source, args.rounds + 1, buffer)
+        profile.disable()
+        own: Dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        for (filename, _, function), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():
+            own[stage_of(filename, function)] += tottime
+        total = sum(own.values())
+        per_sample = statistics.median(costs)
+        out[n] = {"interleaving": interleaving, "cpu_us_per_sample": per_sample, "rounds_us": costs,
+                  "stages_us": {k: per_sample * v / total for k, v in own.items()}}  # fmt: skip
+    return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--samples", type=int, default=8192)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--per-step", default="128", help="samples a worker fills per step (comma-separated: each one measured)")
     ap.add_argument("--block", type=int, default=0, help="shuffle_block (0: contiguous runs)")
     ap.add_argument("--per-shard", type=int, default=512, help="samples per shard (interleaving needs a shard per sample of a worker's step)")
     ap.add_argument("--rounds", type=int, default=5, help="timed epochs (median)")
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out", default=None, help="JSON (default: results/worker_cost_<mode>.json)")
     args = ap.parse_args(argv)
-    result = measure(args)
+    cases = measure(args, [int(n) for n in args.per_step.split(",")])
+    for per_step, result in cases.items():
+        mode = "interleaved" if result["interleaving"] else "contiguous"
+        print(f"{mode}, {per_step} samples per step: {result['cpu_us_per_sample']:.1f} us of worker CPU per sample "
+              f"(median of {args.rounds} epochs: {', '.join(f'{c:.1f}' for c in result['rounds_us'])})")  # fmt: skip
+        for stage, us in result["stages_us"].items():
+            print(f"  {stage:15} {us:6.1f} us")
+    first = next(iter(cases.values()))["cpu_us_per_sample"]
+    print("\n| samples per step | us per sample | relative to the first |\n| ---: | ---: | ---: |")
+    for per_step, result in cases.items():
+        result["relative"] = result["cpu_us_per_sample"] / first
+        print(f"| {per_step} | {result['cpu_us_per_sample']:.1f} | {result['relative']:.2f}x |")
     mode = "interleaved" if result["interleaving"] else "contiguous"
-    print(f"{mode}: {result['cpu_us_per_sample']:.1f} us of worker CPU per sample (median of {args.rounds} epochs: "
-          f"{', '.join(f'{c:.1f}' for c in result['rounds_us'])})")  # fmt: skip
-    for stage, us in result["stages_us"].items():
-        print(f"  {stage:15} {us:6.1f} us")
     out = args.out or os.path.join(HERE, "results", f"worker_cost_{mode}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")}, **result}, f,
-                  indent=1)  # fmt: skip
+        json.dump({"config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
+                   "cases": {str(k): v for k, v in cases.items()}}, f, indent=1)  # fmt: skip
     print(f"wrote {out}")
 
 

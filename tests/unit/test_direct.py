@@ -21,17 +21,12 @@ from dali_shards.sample_data import sample_images
 from dali_shards.transfer.ring.assemble import assemble
 from dali_shards.transfer.ring.consumer import MiniBatch
 from dali_shards.worker import direct
-from dali_shards.worker.direct import DirectBatches, DirectStep
+from dali_shards.worker.direct import DirectBatches, DirectStep, GroupedStep
 from dali_shards.worker.sources import make_source
 from dali_shards.shm.tables import as_table
 
 PHOTOS = [open(p.path, "rb").read() for p in sample_images()]
 FIELDS = ("jpg;png", "cls", "__key__", "__index__", "__valid__")
-
-
-@pytest.fixture(autouse=True)
-def small_steps(monkeypatch):
-    monkeypatch.setattr(direct, "MIN_DIRECT", 2)
 
 
 def write_tar(path, members, fmt=tarfile.GNU_FORMAT):
@@ -63,6 +58,7 @@ def dataset(tmp_path, odd=None):
 
 
 FALLBACKS = []  # fast-path steps that went the general way
+GROUPED = []  # fast-path steps read and located with the next ones (``StepGroup``)
 
 
 def steps(config, epoch, fast):
@@ -76,6 +72,8 @@ def steps(config, epoch, fast):
         used = table.write(buf)
         if isinstance(table, DirectStep) and table._packed is not None:
             FALLBACKS.append(table)
+        if isinstance(table, GroupedStep):
+            GROUPED.append(table)
         rows = buf[: len(table) * config.packing.header_bytes].view(np.int64).reshape(len(table), -1).copy()
         mini = MiniBatch(epoch, 0, 0, rows, buf[:used].copy())
         out.append([[bytes(np.asarray(x)) for x in f] if isinstance(f, list) else np.asarray(f).tolist()
@@ -89,13 +87,19 @@ def config_of(paths, **kw):
     return resolve(ShardedOptions.from_keywords(source=paths, **opts)).workers[0]
 
 
+@pytest.mark.parametrize("group", [256, 9, 1])
 @pytest.mark.parametrize("block", [256, 0])
-def test_the_fast_path_gives_what_the_general_way_gives(tmp_path, block):
+def test_the_fast_path_gives_what_the_general_way_gives(tmp_path, block, group, monkeypatch):
+    """Whole epochs in one group of steps, groups of three steps (the last one shorter), one step at
+    a time: the same as the general way, step for step."""
+    monkeypatch.setattr(direct, "GROUP_SAMPLES", group)
     config = config_of(dataset(tmp_path), shuffle_block=block)
     FALLBACKS.clear()
+    GROUPED.clear()
     for epoch in (0, 1):
         assert steps(config, epoch, True) == steps(config, epoch, False)
     assert not FALLBACKS, "regular shards take the fast path all the way"
+    assert bool(GROUPED) == (group > 4), "steps of 4 samples are grouped up to GROUP_SAMPLES"
 
 
 def long_names(members):  # GNU long names: the general way reads them

@@ -7,7 +7,7 @@ table into its slot itself: header rows, then each sample's span as it lies in t
 members found by ``tar/blocks.py``, the rows pointing at the members' bytes (a key at its header's
 name). A step's NumPy work costs about the same for 16 samples as for 256, so small steps (under
 ``GROUPED_BELOW`` samples: a batch shared by many workers) are read and located in groups of about
-``GROUP_SAMPLES`` (``StepGroup``:
+``GROUP_SAMPLES`` or ``GROUP_BYTES``, samples of up to ``GROUPED_SAMPLE_BYTES`` on average (``StepGroup``:
 one ``preadv`` per sample into the group's buffer, laid out as in the slots, then one copy per
 step into its slot); a step of that size or more is read straight into its slot (one ``preadv``
 per sample from the page cache into shared memory: the only copy). Integers are parsed, keys checked against the
@@ -38,6 +38,7 @@ DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKi
 GROUPED_BELOW = 96  # steps of fewer samples are read and located in groups (their fixed cost would dominate)...
 GROUP_SAMPLES = 256  # ... until a group holds this many samples...
 GROUP_BYTES = 16 << 20  # ... or this many bytes (at least one step): a worker's memory for groups
+GROUPED_SAMPLE_BYTES = 256 << 10  # larger samples are read straight into the slot (their step's fixed cost is small beside them)
 
 
 def direct_fits(config: Any) -> bool:
@@ -133,7 +134,7 @@ class StepGroup:
         self.bases, self.ok, self.buf = bases, False, epoch.buf
         self.rows: List[np.ndarray] = []
         self.sizes: List[int] = []
-        if self.end - self.first > 1:  # a group of one is a step alone
+        if self.end - self.first > 1 and total <= GROUPED_SAMPLE_BYTES * samples:  # (a group of one is a step alone)
             try:
                 self._make(total)
             except NotDirect:

@@ -240,3 +240,12 @@ def test_labels_with_signs_zeros_and_whitespace_take_the_fast_path(tmp_path, tex
     fast = steps(config, 0, True)
     assert fast == steps(config, 0, False) and not FALLBACKS
     assert sorted(c for step in fast for c in step[1]) == list(range(60))
+
+
+def test_large_samples_are_read_straight_into_their_slots(tmp_path, monkeypatch):
+    """Grouping pays for small samples only: above GROUPED_SAMPLE_BYTES a worker holds no group."""
+    monkeypatch.setattr(direct, "GROUPED_SAMPLE_BYTES", 1)
+    config = config_of(dataset(tmp_path))
+    GROUPED.clear()
+    assert steps(config, 0, True) == steps(config, 0, False)
+    assert not GROUPED

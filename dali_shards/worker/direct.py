@@ -82,7 +82,7 @@ class DirectBatches:
         self.offset_columns = offset_columns(cfg.packing)
         self.clock = iter(StepClock(source.stamps, epoch, plan.steps - plan.start_step))
         self.group: Optional[StepGroup] = None
-        self.buf = np.empty(0, dtype=np.uint8)  # the groups' bytes (reused)
+        self.buf = getattr(source, "group_buf", np.empty(0, dtype=np.uint8))  # the groups' bytes: one per worker
 
     def __iter__(self) -> "DirectBatches":
         return self
@@ -146,8 +146,8 @@ class StepGroup:
         unique = np.concatenate([u for _, _, u in self.steps])
         if not epoch.sane[unique].all() or excluded(epoch.reading, epoch.index[unique]):
             raise NotDirect()
-        if len(epoch.buf) < total:  # (groups are about the same size: a few allocations per epoch)
-            epoch.buf = np.empty(total, dtype=np.uint8)
+        if len(epoch.buf) < total:  # with room to spare: an allocation or two per run
+            epoch.buf = epoch.source.group_buf = np.empty(total + total // 4, dtype=np.uint8)
         self.buf = epoch.buf
         spans = epoch.spans[unique]
         lengths = spans[:, 1] - spans[:, 0]

@@ -61,6 +61,9 @@ def dali_failure(exc: BaseException, info: Any, epoch: int, step: int, known_goo
     if not plan.start_step <= step < plan.steps:
         return None
     text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    found = _OPERATOR.search(text)
+    if FAILED_SAMPLE.search(text) is None and (found is None or "external_source" in found.group(1)):
+        return None  # not an operator failing on samples (a worker's, the transfer's, DALI's own error)
     operator = operator_of(text)
     started = time.perf_counter()
     indices = plan.rank_batches(info.rank)[0][step]

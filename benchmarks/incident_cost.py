@@ -24,23 +24,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def bad_jpeg(data: bytes) -> bytes:
-    """``data`` with its frame header saying 0x0 pixels."""
-    height = width = 0
-    b, i = bytearray(data), 2
-    while i < len(b):
-        marker, length = b[i + 1], int.from_bytes(b[i + 2 : i + 4], "big")
-        if marker in (0xC0, 0xC1, 0xC2):
-            b[i + 5 : i + 7], b[i + 7 : i + 9] = height.to_bytes(2, "big"), width.to_bytes(2, "big")
-            return bytes(b)
-        i += 2 + length
-    raise ValueError("no frame header")
-
-
 def write(folder: str, samples: int, bad: set, kind: str, per_shard: int = 256):
     from PIL import Image
 
     from dali_shards.sample_data import sample_images
+    from dali_shards.testing.tars import with_jpeg_frame
     from dali_shards.testing.shards import write_shards
 
     photos = []
@@ -52,7 +40,11 @@ def write(folder: str, samples: int, bad: set, kind: str, per_shard: int = 256):
     def sample(index, shard, position):
         jpg = photos[index % len(photos)]
         broken = index in bad and kind == "zero"
-        return {"__key__": f"{index:08d}", "jpg": bad_jpeg(jpg) if broken else jpg, "cls": str(-index if index in bad else index)}
+        return {
+            "__key__": f"{index:08d}",
+            "jpg": with_jpeg_frame(jpg, 0, 0) if broken else jpg,
+            "cls": str(-index if index in bad else index),
+        }
 
     sizes = [per_shard] * (samples // per_shard) + ([samples % per_shard] if samples % per_shard else [])
     return write_shards(folder, sizes, sample)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 from collections import Counter
@@ -38,7 +37,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    root = tempfile.mkdtemp(prefix="dali-shards-mixture-")
+    with tempfile.TemporaryDirectory(prefix="dali-shards-mixture-") as root:  # removed however the run ends
+        run(args, root)
+
+
+def run(args, root: str) -> None:
     curated = write_sample_shards(os.path.join(root, "curated"), shard_sizes=(6, 6))
     web = write_sample_shards(os.path.join(root, "web"), shard_sizes=(10, 10, 9, 8))
     held_in = write_sample_shards(os.path.join(root, "held-in"), shard_sizes=(5,))
@@ -76,7 +79,6 @@ def main(argv=None) -> None:
             assert max(times) - min(times) <= 1, f"stream {i} walks its samples pass after pass"
         assert args.batching != "stratified" or stray <= 1, "every batch holds each stream's share, within one"
     print("exact per-epoch proportions, pass after pass: passed")
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

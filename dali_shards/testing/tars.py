@@ -53,3 +53,16 @@ AWKWARD = [
     ("001.txt", b"key seen again later: a new sample, as in webdataset"),
     ("empty.txt", b""),
 ]
+
+
+def with_jpeg_frame(data: bytes, height: int, width: int) -> bytes:
+    """JPEG ``data`` with its frame header (SOF) saying ``height`` x ``width`` pixels: still well
+    formed (0x0 fails in DALI's decoder; over 2**28 pixels is a decompression bomb)."""
+    b, i = bytearray(data), 2
+    while i < len(b):
+        marker, length = b[i + 1], int.from_bytes(b[i + 2 : i + 4], "big")
+        if marker in (0xC0, 0xC1, 0xC2):
+            b[i + 5 : i + 7], b[i + 7 : i + 9] = height.to_bytes(2, "big"), width.to_bytes(2, "big")
+            return bytes(b)
+        i += 2 + length
+    raise ValueError("no frame header")

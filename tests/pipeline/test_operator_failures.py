@@ -15,6 +15,7 @@ from PIL import Image
 from dali_shards import ShardFormatError, sharded_pipeline
 from dali_shards.pytorch import DALIShardedIterator
 from dali_shards.sample_data import sample_images
+from dali_shards.testing.tars import with_jpeg_frame
 
 PHOTO = sample_images()[0].path
 
@@ -25,20 +26,8 @@ def jpeg(size=(48, 32)) -> bytes:
     return buf.getvalue()
 
 
-def with_frame(data: bytes, height: int, width: int) -> bytes:
-    """The JPEG with its frame header (SOF) saying ``height`` x ``width``: still well formed."""
-    b, i = bytearray(data), 2
-    while i < len(b):
-        marker, length = b[i + 1], int.from_bytes(b[i + 2 : i + 4], "big")
-        if marker in (0xC0, 0xC1, 0xC2):
-            b[i + 5 : i + 7], b[i + 7 : i + 9] = height.to_bytes(2, "big"), width.to_bytes(2, "big")
-            return bytes(b)
-        i += 2 + length
-    raise ValueError("no frame header")
-
-
 GOOD = jpeg()
-BAD = {"zero": with_frame(GOOD, 0, 0), "bomb": with_frame(GOOD, 65000, 65000)}
+BAD = {"zero": with_jpeg_frame(GOOD, 0, 0), "bomb": with_jpeg_frame(GOOD, 65000, 65000)}
 
 
 def shards(make_shards, sizes, bad):

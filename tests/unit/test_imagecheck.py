@@ -6,6 +6,7 @@ import pytest
 
 from dali_shards.options import ImageCheck
 from dali_shards.sample_data import sample_images
+from dali_shards.testing.tars import with_jpeg_frame
 from dali_shards.worker.imagecheck import image_problem, images_ok
 
 JPEGS = [open(p.path, "rb").read() for p in sample_images()]
@@ -44,17 +45,6 @@ def test_a_batch_is_checked_as_each_image_alone(level):
         assert [k for k, ok in verdicts.items() if ok] == ["good", "another good", "fill bytes", "trailing bytes"]
 
 
-def _with_frame(data: bytes, height: int, width: int) -> bytes:
-    b, i = bytearray(data), 2
-    while i < len(b):
-        marker, length = b[i + 1], int.from_bytes(b[i + 2 : i + 4], "big")
-        if marker in (0xC0, 0xC1, 0xC2):
-            b[i + 5 : i + 7], b[i + 7 : i + 9] = height.to_bytes(2, "big"), width.to_bytes(2, "big")
-            return bytes(b)
-        i += 2 + length
-    raise ValueError("no frame header")
-
-
 @pytest.mark.parametrize(
     "height, width, refused", [(65000, 65000, True), (16385, 16384, True), (16384, 16384, False), (0, 0, False)]
 )
@@ -62,7 +52,7 @@ def test_a_decompression_bomb_is_refused_in_both_walks(height, width, refused):
     """A frame header claiming more than 2**28 pixels is refused (DALI would allocate gigabytes for
     it and keep them); 0x0 is left to DALI's decoder (the iterator skips what DALI fails on)."""
     good = open(sample_images()[0].path, "rb").read()
-    data = _with_frame(good, height, width)
+    data = with_jpeg_frame(good, height, width)
     problem = image_problem(data)
     assert (problem is not None and "decompression bomb" in problem and f"{width}x{height}" in problem) == refused
     buf = np.frombuffer(good + data + good, dtype=np.uint8)

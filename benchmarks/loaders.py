@@ -3,6 +3,8 @@
 Modes (the same work for every loader):
 
 - ``bytes``: the encoded JPEG and its label reach Python (no decoding);
+- ``peek``: DALI reads each JPEG's header (``fn.peek_image_shape``) and its shape reaches Python: the
+  CPU side of a pipeline that decodes on the GPU, without the GPU (DALI loaders only);
 - ``decode``: decode, resize to 224x224 (uint8 HWC);
 - ``augment``: the ImageNet training transform: random-resized-crop 224, horizontal flip,
   normalize to float CHW (DALI decodes only the crop; torchvision decodes the whole image);
@@ -25,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 
 LOADERS = ("dali_shards", "native_webdataset", "plain_4892", "webdataset_dataloader", "dali_proxy")
-MODES = ("bytes", "decode", "augment", "augment16")
+MODES = ("bytes", "peek", "decode", "augment", "augment16")
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
@@ -51,6 +53,8 @@ def dali_post(mode: str, jpg, device_id):
     device = "cpu" if device_id is None else "mixed"
     if mode == "bytes":
         return jpg
+    if mode == "peek":
+        return fn.peek_image_shape(jpg)
     if mode == "decode":
         return fn.resize(fn.decoders.image(jpg, device=device, output_type=types.RGB), size=(224, 224))
     images = fn.decoders.image_random_crop(

@@ -1,9 +1,10 @@
 """Samples/s of dali_shards (each transfer: ``ring`` and ``merge``) vs DALI's native webdataset
 reader vs the plain #4892 workaround, over a range of worker counts.
 
-All read the same shards with the same batch size and threads, in one run, in two modes: bytes only
-(the encoded JPEG reaches Python, no decoding), at every worker count of ``--workers``, and CPU
-decode + resize to 224x224, at ``--decode-workers``. Each configuration runs in a process of its
+All read the same shards with the same batch size and threads, in one run, in the modes of
+``--modes``: bytes only (the encoded JPEG reaches Python, no decoding) and peek (DALI reads each
+JPEG's header in place: the CPU side of GPU decoding) at every worker count of ``--workers``, and
+CPU decode + resize to 224x224 at ``--decode-workers``. Each configuration runs in a process of its
 own, in interleaved rounds (A B C ... then ... C B A), so that machine noise hits all of them alike;
 each figure is the median over rounds. Reported per configuration: samples/s, time to the first
 batch (from the pipeline's construction), the main process's CPU per step (all its threads; and
@@ -31,6 +32,7 @@ sys.path.insert(0, HERE)
 from harness import bench_dir, child_main, run_child  # noqa: E402
 
 TRANSFERS = ("ring", "merge")
+WORKER_MODES = ("bytes", "peek")  # measured at every worker count of --workers
 CHECK_OFF = "ring, image_check=off"  # the worker-side image check's cost: the same loader without it
 FIGURES = ("samples_per_s", "first_batch_s", "main_process_cpu_ms_per_step", "main_thread_cpu_ms_per_step",
            "peak_memory_mb", "shared_memory_mb")  # fmt: skip
@@ -50,7 +52,7 @@ def configurations(args) -> List[Run]:
     """Every configuration measured (see the module)."""
     runs: List[Run] = []
     for mode in [m for m in args.modes.split(",") if m]:
-        counts = args.workers if mode == "bytes" else [args.decode_workers]
+        counts = args.workers if mode in WORKER_MODES else [args.decode_workers]
         for n in counts:
             runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in args.transfers.split(",")]
         runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
@@ -95,15 +97,14 @@ def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, floa
     """The ratios the targets are stated in (all from this one run)."""
     rate = lambda mode, label, n: results.get((mode, label, n), {}).get("samples_per_s")  # noqa: E731
     out: Dict[str, float] = {}
-    for n in args.workers:
-        ring, merge, native = rate("bytes", "ring", n), rate("bytes", "merge", n), rate("bytes", "native_webdataset", args.workers[0])
+    for m, n in [(m, n) for m in WORKER_MODES for n in args.workers]:
+        ring, merge, native = rate(m, "ring", n), rate(m, "merge", n), rate(m, "native_webdataset", args.workers[0])
         if ring and merge:
-            out[f"bytes_ring_vs_merge_{n}_workers"] = ring / merge
+            out[f"{m}_ring_vs_merge_{n}_workers"] = ring / merge
         if ring and native:
-            out[f"bytes_ring_vs_native_{n}_workers"] = ring / native
-    for n in args.workers:  # the ring's scaling over workers (16 workers share a batch of 256 16 apiece)
-        if n != 2 and rate("bytes", "ring", n) and rate("bytes", "ring", 2):
-            out[f"bytes_ring_{n}_vs_2_workers"] = rate("bytes", "ring", n) / rate("bytes", "ring", 2)
+            out[f"{m}_ring_vs_native_{n}_workers"] = ring / native
+        if n != 2 and ring and rate(m, "ring", 2):  # the ring's scaling over workers (16 share a batch of 256)
+            out[f"{m}_ring_{n}_vs_2_workers"] = ring / rate(m, "ring", 2)
     d = args.decode_workers
     for label in TRANSFERS:
         if rate("decode", label, d) and rate("decode", "native_webdataset", d):

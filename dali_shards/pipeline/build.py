@@ -3,6 +3,7 @@ user's graph function, the pipeline and its supervision."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -27,6 +28,7 @@ from dali_shards.pipeline.probe import Probe
 
 _TAG_PIPELINE_SEED = 0x4155_4720
 DEFAULT_NUM_THREADS = max(1, min(4, os.cpu_count() or 1))  # DALI's CPU threads when num_threads is not given
+DALI_QUEUE_DEPTH = inspect.signature(Pipeline.__init__).parameters["prefetch_queue_depth"].default  # DALI's own default
 
 
 def pipeline_seed(seed: int, rank: int, epoch: int = 0, step: int = 0) -> int:
@@ -55,13 +57,15 @@ def build_sharded_pipeline(
     )
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
     resolved = resolve(options, outputs).with_control(control.path)
-    transfer = make_transfer(resolved, start_method, control)
+    queue = pipeline_kwargs.get("prefetch_queue_depth", DALI_QUEUE_DEPTH)
+    transfer = make_transfer(resolved, start_method, control, queue)
     captured: Dict[str, Any] = {}
 
     def graph():
         fields, slot_status = transfer.graph_inputs()
         result = func(*fields, *fn_args, **fn_kwargs)
         captured["outputs"] = result if isinstance(result, tuple) else (() if result is None else (result,))
+        transfer.returned(captured["outputs"])
         captured["slot_status"] = slot_status
         captured["key_outputs"] = key_positions(captured["outputs"], fields, resolved.packing.fields)
         captured["varying_outputs"] = varying_positions(captured["outputs"], fields, resolved.packing.fields)
@@ -132,8 +136,10 @@ def _positions(outputs: Sequence[Any], nodes: Sequence[Any]) -> Tuple[int, ...]:
     return tuple(i for i, out in enumerate(outputs) if any(out is node for node in nodes))
 
 
-def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None) -> Any:
-    """The pipeline's transfer (``options.transfer``) over the resolved workers."""
+def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None,
+                  prefetch_queue_depth: Any = None) -> Any:  # fmt: skip
+    """The pipeline's transfer (``options.transfer``) over the resolved workers, for a pipeline of
+    this ``prefetch_queue_depth`` (DALI's default where None)."""
     options = resolved.options
     if options.transfer is Transfer.MERGE:
         return MergeTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
@@ -142,4 +148,5 @@ def make_transfer(resolved: Resolved, start_method: str, control: Optional[Contr
     first_slot = per_sample * (options.batch_size // options.py_num_workers)
     return RingTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
                         worker_prefetch=options.worker_prefetch, start_method=start_method,
-                        start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control)  # fmt: skip
+                        start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control,
+                        prefetch_queue_depth=DALI_QUEUE_DEPTH if prefetch_queue_depth is None else prefetch_queue_depth)  # fmt: skip

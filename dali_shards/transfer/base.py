@@ -21,6 +21,11 @@ class Transfer(Protocol):
         and each slot's ``[__index__, status]`` (int64) for the iterator."""
         ...
 
+    def returned(self, outputs: Sequence[Any]) -> None:
+        """Inside the graph's definition, once the function has returned ``outputs``: what the
+        transfer may tune knowing which of its inputs the pipeline returns as they are."""
+        ...
+
     def attach(self, pipeline: Any) -> None:
         """Bind to the defined pipeline: its workers start when it is built."""
         ...

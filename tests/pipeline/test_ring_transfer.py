@@ -216,3 +216,57 @@ def test_the_fast_path_in_real_pipelines_delivers_every_sample_whole(tmp_path, s
                 assert hashlib.sha1(j.tobytes()).hexdigest() == originals[photo] and int(c) == photos[photo].label
                 seen[int(i)] += bool(v)
         assert sorted(seen) == list(range(490)) and set(seen.values()) == {1}
+
+
+@pytest.mark.parametrize("queue_depth, worker_prefetch", [(1, 1), (2, 2), (3, 1)])
+def test_dali_reads_each_slot_in_place_only_while_it_holds_the_step(tmp_path, queue_depth, worker_prefetch):
+    """The ring hands DALI its slots without a copy: a slot is written again only once DALI is done
+    with the step it held (``prefetch_queue_depth`` calls later). An operator reading the bytes
+    (a sum over them, in DALI) sees each sample's own, at every queue depth."""
+    from nvidia.dali import fn, types
+
+    from dali_shards.sample_data import sample_images, write_sample_shards
+
+    photos = sample_images()
+    sums = [int(np.frombuffer(open(p.path, "rb").read(), np.uint8).sum(dtype=np.int64)) for p in photos]
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(60, 45, 90, 25))
+
+    @sharded_pipeline(paths, fields=("jpg", "__index__", "__valid__"), batch_size=8, py_num_workers=2, shuffle=True,
+                      num_threads=2, device_id=None, prefetch_queue_depth=queue_depth,
+                      worker_prefetch=worker_prefetch)  # fmt: skip
+    def pipe(jpg, index, valid):
+        return fn.reductions.sum(fn.cast(jpg, dtype=types.INT64)), index, valid
+
+    for epoch in run_epochs(pipe(), 2):
+        seen = []
+        for total, index, valid in epoch:
+            for t, i, v in zip(total, index, valid):
+                assert int(t) == sums[int(i) % len(photos)], f"sample {int(i)} read after its slot was written again"
+                seen += [int(i)] * bool(v)
+        assert sorted(seen) == list(range(220))
+
+
+def test_a_step_is_held_for_dalis_queue_or_both_queues_where_they_differ():
+    from dali_shards.transfer.ring.transfer import feed_lifetime
+
+    assert [feed_lifetime(q) for q in (1, 2, 5)] == [1, 2, 5]
+    assert feed_lifetime({"cpu_size": 3, "gpu_size": 3}) == 3
+    assert feed_lifetime({"cpu_size": 2, "gpu_size": 3}) == 6
+
+
+def test_fields_returned_as_they_are_are_copied_the_others_read_in_place(tmp_path):
+    from nvidia.dali import fn, types
+
+    from dali_shards.sample_data import write_sample_shards
+
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(20, 20))
+
+    @sharded_pipeline(paths, fields=("jpg", "cls", "__key__"), batch_size=4, py_num_workers=2, num_threads=1,
+                      device_id=None)  # fmt: skip
+    def pipe(jpg, cls, key):
+        return fn.reductions.sum(fn.cast(jpg, dtype=types.INT64)), cls, fn.cast(key, dtype=types.INT32)
+
+    p = pipe()
+    p.build()
+    assert p.dali_shards.transfer.in_place == [True, False, True, True]  # jpg, cls, key, then the slot status
+    assert len(run_epochs(p, 1)[0]) == 10

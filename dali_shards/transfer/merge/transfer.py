@@ -42,6 +42,9 @@ class MergeTransfer:
         ]  # fmt: skip
         return assemble_fields(outputs, self.packing, self.batch_size)
 
+    def returned(self, outputs: Sequence[Any]) -> None:
+        """Nothing to tune: DALI's pool hands its batches over in place."""
+
     def attach(self, pipeline: Pipeline) -> None:
         self._pipeline = weakref.ref(pipeline)
         start_collected(pipeline)

@@ -2,20 +2,26 @@
 worker's mini-batch of the step from its ring and gives DALI the step's batch, field by field (see
 ``assemble.py``); the worker processes start when the pipeline is built and stop with it.
 
-DALI copies what the callback returns when it takes it (``no_copy=False``), so a worker's slot is
-given back at the next call: a worker can be ``worker_prefetch`` steps ahead of the pipeline.
-Memory per rank: ``py_num_workers x (worker_prefetch + 1)`` slots, each the size of the largest
-mini-batch written into it (times 1.5), at least 1 MiB.
+DALI's operators read the slots in place (``no_copy``: the main process copies nothing), so a
+step's slots are held until DALI is done with them, ``feed_lifetime(prefetch_queue_depth)`` calls
+(DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ); a
+worker can be ``worker_prefetch`` steps ahead of the pipeline. A field the pipeline returns as it
+is, DALI copies when it takes it: its output would be copied anyway, and a copy of memory DALI does
+not own costs it more at the output. Memory per rank: ``py_num_workers x
+(worker_prefetch + feed_lifetime)`` slots, each the size of the largest mini-batch written into it
+(times 1.5), at least 1 MiB.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
+from collections import deque
 import warnings
 import weakref
 from multiprocessing.util import Finalize
-from typing import Any, List, NoReturn, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Deque, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union, cast
 
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
@@ -35,6 +41,24 @@ from dali_shards.shm.packing import Packing
 FEED_NAME = "dali_shards ring feed"
 
 
+def feed_lifetime(prefetch_queue_depth: Union[int, Mapping[str, int]]) -> int:
+    """Calls of the feed a step's data must stay untouched for, DALI reading it in place: the
+    pipeline's ``prefetch_queue_depth``, or the product of its CPU and GPU queues where they differ
+    (see ``no_copy`` in DALI's ``external_source``)."""
+    if isinstance(prefetch_queue_depth, Mapping):
+        sizes = [int(v) for v in prefetch_queue_depth.values()]
+        return max(1, math.prod(sizes) if len(set(sizes)) > 1 else sizes[0])
+    return max(1, int(prefetch_queue_depth))
+
+
+def set_no_copy(node: Any, in_place: bool) -> None:
+    """``no_copy`` of the external source output ``node``, set once the graph's outputs are known;
+    left to DALI's default (a copy) where a DALI release builds its operators otherwise."""
+    spec = getattr(getattr(node, "source", None), "spec", None)
+    if spec is not None and hasattr(spec, "AddArg"):
+        spec.AddArg("no_copy", in_place)
+
+
 class RingFeed:
     """The external source's callback (see the module): one step's batch per call, and
     ``StopIteration`` at the end of each epoch (the next call starts the next epoch). Once a call
@@ -42,14 +66,15 @@ class RingFeed:
     streams are no longer in step."""
 
     def __init__(self, workers: RingWorkers, packing: Packing, start_epoch: int, batch_size: int,
-                 control: Optional[ControlBlock] = None):  # fmt: skip
+                 control: Optional[ControlBlock] = None, lifetime: int = 1):  # fmt: skip
         self.workers = workers
+        self.lifetime = lifetime  # calls a step's slots (and what DALI was handed) are held for
         self.packing = packing
         self.epoch = start_epoch
         self.step = 0
         self.batch_size = batch_size
         self.control = control
-        self.held: List[Tuple[Any, int]] = []
+        self.held: Deque[Tuple[List[MiniBatch], Any]] = deque()  # the last calls' mini-batches and outputs
         self.failed: Optional[BaseException] = None
 
     def __repr__(self) -> str:
@@ -72,21 +97,21 @@ class RingFeed:
             raise
         if self.control is not None:
             self.control.unlink_once_attached()
-        return assemble(self.packing, got, wrap=TensorCPU)
+        out = assemble(self.packing, got, wrap=TensorCPU)
+        self.held.append((got, out))
+        return out
 
     def _release(self) -> None:
-        for consumer, slot in self.held:  # DALI copied them at the last call
-            consumer.release(slot)
-        self.held = []
+        """Give back the slots of the call ``lifetime`` calls ago (DALI is done with them)."""
+        while len(self.held) >= self.lifetime:
+            minis, _ = self.held.popleft()
+            for consumer, mini in zip(self.workers.consumers, minis):
+                consumer.release(mini.slot)
 
     def _take(self) -> List[MiniBatch]:
-        """Every worker's next mini-batch of this step (held until the next call)."""
-        got: List[Union[MiniBatch, EpochEnd]] = []
-        for consumer in self.workers.consumers:
-            item = consumer.next()
-            got.append(item)
-            if isinstance(item, MiniBatch):
-                self.held.append((consumer, item.slot))
+        """Every worker's next mini-batch of this step (its slot held, see ``_release``). A
+        failed call's are not given back: the feed stops (see the class)."""
+        got: List[Union[MiniBatch, EpochEnd]] = [consumer.next() for consumer in self.workers.consumers]
         ends = [g for g in got if isinstance(g, EpochEnd)]
         if ends:
             self._end_epoch(ends, len(got))
@@ -120,19 +145,31 @@ class RingTransfer:
 
     def __init__(self, configs: Sequence[WorkerConfig], packing: Packing, *, batch_size: int, worker_prefetch: int,
                  start_method: str, start_epoch: int, first_slot_bytes: int,
-                 control: Optional[ControlBlock] = None):  # fmt: skip
-        self.depth = worker_prefetch + 1  # a slot is given back one call after DALI took it
+                 prefetch_queue_depth: Union[int, Mapping[str, int]], control: Optional[ControlBlock] = None):  # fmt: skip
+        self.lifetime = feed_lifetime(prefetch_queue_depth)
+        self.depth = worker_prefetch + self.lifetime  # a slot is given back once DALI is done with it
         self.workers = RingWorkers(configs, self.depth, start_method, first_slot_bytes)
-        self.feed = RingFeed(self.workers, packing, start_epoch, batch_size, control)
+        self.feed = RingFeed(self.workers, packing, start_epoch, batch_size, control, self.lifetime)
         self.packing = packing
+        self.nodes: List[Any] = []
+        self.in_place: List[bool] = []
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
         kinds = output_types(self.packing)
         outputs = fn.external_source(
-            source=self.feed, num_outputs=len(kinds), batch=True, parallel=False, no_copy=False,
+            source=self.feed, num_outputs=len(kinds), batch=True, parallel=False,
             dtype=[types.to_dali_type(k.dtype) for k in kinds], ndim=[k.ndim for k in kinds],
-        )  # fmt: skip
+        )  # fmt: skip  # (no_copy is set per output: see returned)
+        self.nodes = list(outputs)
         return list(outputs[:-1]), outputs[-1]
+
+    def returned(self, outputs: Sequence[Any]) -> None:
+        """Each input read in place by DALI but those the pipeline returns as they are (see the
+        module)."""
+        direct = {id(node) for node in outputs}
+        self.in_place = [id(node) not in direct for node in self.nodes]  # per field, then the status
+        for node, in_place in zip(self.nodes, self.in_place):
+            set_no_copy(node, in_place)
 
     def attach(self, pipeline: Pipeline) -> None:
         # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
@@ -155,8 +192,8 @@ class RingTransfer:
         self.workers.kill()
 
     def in_flight(self, pipeline: Pipeline) -> int:
-        # DALI holds the slot it took last: a worker fills its other depth - 1 slots, then makes one more
-        return steps_in_flight(pipeline.prefetch_queue_depth, self.depth - 1)
+        # DALI holds the slots of its last calls: a worker fills its other slots, then makes one more
+        return steps_in_flight(pipeline.prefetch_queue_depth, self.depth - self.lifetime)
 
     def translate(self, exc: BaseException) -> Optional[BaseException]:
         return None  # the workers' own errors arrive as they were raised

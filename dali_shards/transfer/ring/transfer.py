@@ -4,8 +4,9 @@ worker's mini-batch of the step from its ring and gives DALI the step's batch, f
 
 DALI's operators read the slots in place (``no_copy``: the main process copies nothing), so a
 step's slots are held until DALI is done with them, ``feed_lifetime(prefetch_queue_depth)`` calls
-(DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ); a
-worker can be ``worker_prefetch`` steps ahead of the pipeline. A field the pipeline returns as it
+(DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ; it
+takes for granted what DALI's drivers do, each call made once the output of the call that many calls
+before it was taken); a worker can be ``worker_prefetch`` steps ahead of the pipeline. A field the pipeline returns as it
 is, DALI copies when it takes it: its output would be copied anyway, and a copy of memory DALI does
 not own costs it more at the output. Memory per rank: ``py_num_workers x
 (worker_prefetch + feed_lifetime)`` slots, each the size of the largest mini-batch written into it
@@ -46,17 +47,21 @@ def feed_lifetime(prefetch_queue_depth: Union[int, Mapping[str, int]]) -> int:
     pipeline's ``prefetch_queue_depth``, or the product of its CPU and GPU queues where they differ
     (see ``no_copy`` in DALI's ``external_source``)."""
     if isinstance(prefetch_queue_depth, Mapping):
-        sizes = [int(v) for v in prefetch_queue_depth.values()]
+        sizes = [int(v) for v in prefetch_queue_depth.values()] or [1]  # (an empty one: DALI says what is wrong)
         return max(1, math.prod(sizes) if len(set(sizes)) > 1 else sizes[0])
     return max(1, int(prefetch_queue_depth))
 
 
-def set_no_copy(node: Any, in_place: bool) -> None:
-    """``no_copy`` of the external source output ``node``, set once the graph's outputs are known;
-    left to DALI's default (a copy) where a DALI release builds its operators otherwise."""
+def set_no_copy(node: Any, in_place: bool) -> bool:
+    """Set ``no_copy`` of the external source output ``node`` once the graph's outputs are known;
+    whether DALI reads it in place. Left to DALI's default (a copy) where a DALI release builds its
+    operators otherwise."""
     spec = getattr(getattr(node, "source", None), "spec", None)
-    if spec is not None and hasattr(spec, "AddArg"):
-        spec.AddArg("no_copy", in_place)
+    try:
+        spec.AddArg("no_copy", in_place)  # type: ignore[union-attr]  # (AttributeError: caught)
+    except (AttributeError, RuntimeError):
+        return False
+    return in_place
 
 
 class RingFeed:
@@ -90,15 +95,15 @@ class RingFeed:
         self.workers.start()
         try:
             got = self._take()
+            out = assemble(self.packing, got, wrap=TensorCPU)
         except StopIteration:
             raise
         except BaseException as exc:
             self.failed = exc
             raise
+        self.held.append((got, out))
         if self.control is not None:
             self.control.unlink_once_attached()
-        out = assemble(self.packing, got, wrap=TensorCPU)
-        self.held.append((got, out))
         return out
 
     def _release(self) -> None:
@@ -164,12 +169,11 @@ class RingTransfer:
         return list(outputs[:-1]), outputs[-1]
 
     def returned(self, outputs: Sequence[Any]) -> None:
-        """Each input read in place by DALI but those the pipeline returns as they are (see the
-        module)."""
+        """Each field read in place by DALI but those the pipeline returns as they are (see the
+        module); the slot status, which ``DALIShardedIterator`` returns, copied."""
         direct = {id(node) for node in outputs}
-        self.in_place = [id(node) not in direct for node in self.nodes]  # per field, then the status
-        for node, in_place in zip(self.nodes, self.in_place):
-            set_no_copy(node, in_place)
+        wanted = [id(node) not in direct for node in self.nodes[:-1]] + [False]  # the fields, the status
+        self.in_place = [set_no_copy(node, w) for node, w in zip(self.nodes, wanted)]
 
     def attach(self, pipeline: Pipeline) -> None:
         # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
@@ -192,8 +196,9 @@ class RingTransfer:
         self.workers.kill()
 
     def in_flight(self, pipeline: Pipeline) -> int:
-        # DALI holds the slots of its last calls: a worker fills its other slots, then makes one more
-        return steps_in_flight(pipeline.prefetch_queue_depth, self.depth - self.lifetime)
+        # DALI holds the slots of its last calls: a worker fills its other slots, then makes one more;
+        # before the feed holds that many, a worker may fill every slot (lifetime > queue: separate queues)
+        return max(steps_in_flight(pipeline.prefetch_queue_depth, self.depth - self.lifetime), self.depth + 1)
 
     def translate(self, exc: BaseException) -> Optional[BaseException]:
         return None  # the workers' own errors arrive as they were raised

@@ -2,13 +2,13 @@
 worker's mini-batch of the step from its ring and gives DALI the step's batch, field by field (see
 ``assemble.py``); the worker processes start when the pipeline is built and stop with it.
 
-DALI's operators read the slots in place (``no_copy``: the main process copies nothing), so a
+DALI's operators read the slots in place (``no_copy``: the main process copies no bytes), so a
 step's slots are held until DALI is done with them, ``feed_lifetime(prefetch_queue_depth)`` calls
 (DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ; it
-takes for granted what DALI's drivers do, each call made once the output of the call that many calls
-before it was taken); a worker can be ``worker_prefetch`` steps ahead of the pipeline. A field the pipeline returns as it
-is, DALI copies when it takes it: its output would be copied anyway, and a copy of memory DALI does
-not own costs it more at the output. Memory per rank: ``py_num_workers x
+takes for granted what DALI's drivers do, each call made once the output of the call that many
+calls before it was taken); a worker can be ``worker_prefetch`` steps ahead of the pipeline. A field
+the pipeline returns as it is, DALI copies when it takes it: its output would be copied anyway, and
+a copy of memory DALI does not own costs it more at the output. Memory per rank: ``py_num_workers x
 (worker_prefetch + feed_lifetime)`` slots, each the size of the largest mini-batch written into it
 (times 1.5), at least 1 MiB.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections import deque
 import warnings
 import weakref
+from collections import deque
 from multiprocessing.util import Finalize
 from typing import Any, Deque, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union, cast
 

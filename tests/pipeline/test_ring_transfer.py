@@ -271,3 +271,44 @@ def test_fields_returned_as_they_are_are_copied_the_others_read_in_place(tmp_pat
     p.build()
     assert p.dali_shards.transfer.in_place == [True, False, True, False]  # jpg, cls, key, then the slot status
     assert len(run_epochs(p, 1)[0]) == 10
+
+
+def test_a_pipeline_scheduled_ahead_of_its_outputs_reads_every_step_whole_or_says_it_went_too_far(tmp_path):
+    """``schedule_run()`` called more often than outputs are taken: a step read in place stays held
+    until its output is taken (not only ``prefetch_queue_depth`` calls); beyond the workers' slots
+    (``worker_prefetch + prefetch_queue_depth``) a ConfigError says so instead of waiting forever."""
+    from nvidia.dali import fn, types
+
+    from dali_shards import ConfigError
+    from dali_shards.sample_data import sample_images, write_sample_shards
+
+    photos = sample_images()
+    sums = [int(np.frombuffer(open(p.path, "rb").read(), np.uint8).sum(dtype=np.int64)) for p in photos]
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(37, 0, 23, 44))
+
+    @sharded_pipeline(paths, fields=("jpg", "__index__", "__valid__"), batch_size=4, py_num_workers=2, shuffle=True,
+                      num_threads=2, device_id=None, prefetch_queue_depth=1, worker_prefetch=3)  # fmt: skip
+    def pipe(jpg, index, valid):
+        return fn.reductions.sum(fn.cast(jpg, dtype=types.INT64)), index, valid
+
+    p = pipe()
+    p.build()
+    for ahead in (2, 4):  # 4: every slot of the workers (3 + 1)
+        seen = []
+        for _ in range(ahead):
+            p.schedule_run()
+        while True:
+            try:
+                total, index, valid = p.outputs()
+            except StopIteration:
+                break
+            for t, i, v in zip(total, index, valid):
+                assert int(np.array(t)) == sums[int(np.array(i)) % len(photos)]
+                seen += [int(np.array(i))] * bool(np.array(v))
+            p.schedule_run()
+        p.reset()
+        assert sorted(seen) == list(range(104))
+    for _ in range(4):
+        p.schedule_run()
+    with pytest.raises(ConfigError, match="scheduled 4 steps ahead of its outputs"):
+        p.schedule_run()

@@ -4,9 +4,10 @@ worker's mini-batch of the step from its ring and gives DALI the step's batch, f
 
 DALI's operators read the slots in place (``no_copy``: the main process copies no bytes), so a
 step's slots are held until DALI is done with them, ``feed_lifetime(prefetch_queue_depth)`` calls
-(DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ; it
-takes for granted what DALI's drivers do, each call made once the output of the call that many
-calls before it was taken); a worker can be ``worker_prefetch`` steps ahead of the pipeline. A field
+(DALI's rule for ``no_copy``: its prefetch queue's depth, both queues' product where they differ),
+and until their output is taken (a pipeline scheduled ahead of its outputs: ``schedule_run()``
+called more often than ``outputs()``); a worker can be ``worker_prefetch`` steps ahead of the
+pipeline. A field
 the pipeline returns as it is, DALI copies when it takes it: its output would be copied anyway, and
 a copy of memory DALI does not own costs it more at the output. Memory per rank: ``py_num_workers x
 (worker_prefetch + feed_lifetime)`` slots, each the size of the largest mini-batch written into it
@@ -28,7 +29,7 @@ from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.tensors import TensorCPU
 
-from dali_shards.errors import WorkerError
+from dali_shards.errors import ConfigError, WorkerError
 from dali_shards.userwarn import warn_user
 from dali_shards.transfer.base import steps_in_flight
 from dali_shards.transfer.ring.assemble import assemble, output_types
@@ -80,6 +81,7 @@ class RingFeed:
         self.batch_size = batch_size
         self.control = control
         self.held: Deque[Tuple[List[MiniBatch], Any]] = deque()  # the last calls' mini-batches and outputs
+        self.pipeline: Optional[Any] = None  # a weak reference to the pipeline, once attached
         self.failed: Optional[BaseException] = None
 
     def __repr__(self) -> str:
@@ -107,11 +109,27 @@ class RingFeed:
         return out
 
     def _release(self) -> None:
-        """Give back the slots of the call ``lifetime`` calls ago (DALI is done with them)."""
-        while len(self.held) >= self.lifetime:
+        """Give back the slots of the calls DALI is done with: ``lifetime`` calls ago, and their
+        outputs taken (a pipeline scheduled ahead of its outputs holds them longer). A ``ConfigError``
+        where it is scheduled so far ahead that the workers have no slot left for this call."""
+        pending = self.pending()  # calls whose outputs are not taken yet (None: not known)
+        while len(self.held) >= self.lifetime and (pending is None or len(self.held) > pending):
             minis, _ = self.held.popleft()
             for consumer, mini in zip(self.workers.consumers, minis):
                 consumer.release(mini.slot)
+        if len(self.held) >= self.workers.depth:
+            raise ConfigError(
+                f"the pipeline was scheduled {len(self.held)} steps ahead of its outputs: transfer='ring' lets DALI "
+                f"read each step in place until its output is taken, and its workers have {self.workers.depth} "
+                "slots each (worker_prefetch + prefetch_queue_depth); take an output before scheduling more, or "
+                "raise worker_prefetch"
+            )
+
+    def pending(self) -> Optional[int]:
+        """How many of this feed's calls DALI has not returned the outputs of (None: unknown)."""
+        pipeline = self.pipeline() if self.pipeline is not None else None
+        count = getattr(pipeline, "_batches_to_consume", None)  # DALI's count: a fed batch not yet taken
+        return count if isinstance(count, int) else None
 
     def _take(self) -> List[MiniBatch]:
         """Every worker's next mini-batch of this step (its slot held, see ``_release``). A
@@ -178,6 +196,7 @@ class RingTransfer:
     def attach(self, pipeline: Pipeline) -> None:
         # with the pipeline, or at exit before multiprocessing joins its children (priority >= 0)
         Finalize(pipeline, self.workers.stop, exitpriority=10)
+        self.feed.pipeline = weakref.ref(pipeline)
         fields = [f.name for f in self.packing.fields]
         pipeline.build = functools.partial(  # type: ignore[method-assign]  # wraps this DALI pipeline's build
             _build_started, weakref.ref(pipeline), self.workers, fields

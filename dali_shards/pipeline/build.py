@@ -136,10 +136,10 @@ def _positions(outputs: Sequence[Any], nodes: Sequence[Any]) -> Tuple[int, ...]:
     return tuple(i for i, out in enumerate(outputs) if any(out is node for node in nodes))
 
 
-def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock] = None,
-                  prefetch_queue_depth: Any = None) -> Any:  # fmt: skip
+def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock],
+                  prefetch_queue_depth: Any) -> Any:  # fmt: skip
     """The pipeline's transfer (``options.transfer``) over the resolved workers, for a pipeline of
-    this ``prefetch_queue_depth`` (DALI's default where None)."""
+    this ``prefetch_queue_depth``."""
     options = resolved.options
     if options.transfer is Transfer.MERGE:
         return MergeTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
@@ -149,4 +149,4 @@ def make_transfer(resolved: Resolved, start_method: str, control: Optional[Contr
     return RingTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
                         worker_prefetch=options.worker_prefetch, start_method=start_method,
                         start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control,
-                        prefetch_queue_depth=DALI_QUEUE_DEPTH if prefetch_queue_depth is None else prefetch_queue_depth)  # fmt: skip
+                        prefetch_queue_depth=prefetch_queue_depth)  # fmt: skip

@@ -61,13 +61,12 @@ def dali_failure(exc: BaseException, info: Any, epoch: int, step: int, known_goo
     if not plan.start_step <= step < plan.steps:
         return None
     text = "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
-    found = _OPERATOR.search(text)
-    if FAILED_SAMPLE.search(text) is None and (found is None or "external_source" in found.group(1)):
+    found, named = _OPERATOR.search(text), FAILED_SAMPLE.search(text)
+    if named is None and (found is None or "external_source" in found.group(1)):
         return None  # not an operator failing on samples (a worker's, the transfer's, DALI's own error)
     operator = operator_of(text)
     started = time.perf_counter()
     indices = plan.rank_batches(info.rank)[0][step]
-    named = FAILED_SAMPLE.search(text)
     excluded = set(info.resolved.excluded)
     bad = [int(indices[int(named.group(1))])] if named is not None and int(named.group(1)) < len(indices) else []
     good = known_good

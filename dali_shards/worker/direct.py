@@ -82,7 +82,6 @@ class DirectBatches:
         self.offset_columns = offset_columns(cfg.packing)
         self.clock = iter(StepClock(source.stamps, epoch, plan.steps - plan.start_step))
         self.group: Optional[StepGroup] = None
-        self.buf = getattr(source, "group_buf", np.empty(0, dtype=np.uint8))  # the groups' bytes: one per worker
 
     def __iter__(self) -> "DirectBatches":
         return self
@@ -131,7 +130,7 @@ class StepGroup:
             total += int(aligned(layout(lengths)[-1] + lengths[-1])) if len(unique) else 0
             samples += len(unique)
             self.end += 1
-        self.bases, self.ok, self.buf = bases, False, epoch.buf
+        self.bases, self.ok, self.buf = bases, False, epoch.source.group_buf
         self.rows: List[np.ndarray] = []
         self.sizes: List[int] = []
         if self.end - self.first > 1 and total <= GROUPED_SAMPLE_BYTES * samples:  # (a group of one is a step alone)
@@ -146,9 +145,10 @@ class StepGroup:
         unique = np.concatenate([u for _, _, u in self.steps])
         if not epoch.sane[unique].all() or excluded(epoch.reading, epoch.index[unique]):
             raise NotDirect()
-        if len(epoch.buf) < total:  # with room to spare: an allocation or two per run
-            epoch.buf = epoch.source.group_buf = np.empty(total + total // 4, dtype=np.uint8)
-        self.buf = epoch.buf
+        source = epoch.source  # one buffer per worker, for all its groups
+        if len(source.group_buf) < total:  # with room to spare: an allocation or two per run
+            source.group_buf = np.empty(total + total // 4, dtype=np.uint8)
+        self.buf = source.group_buf
         spans = epoch.spans[unique]
         lengths = spans[:, 1] - spans[:, 0]
         bounds = np.cumsum([0] + [len(u) for _, _, u in self.steps])

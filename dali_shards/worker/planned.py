@@ -14,6 +14,8 @@ import logging
 from collections import Counter
 from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
+import numpy as np
+
 from dali_shards.errors import WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.mode import Planned
@@ -52,6 +54,7 @@ class WorkerSource:
         self.stamps = stamps
         self.direct = direct and direct_fits(config)
         self.ahead: Optional[Ahead] = None
+        self.group_buf = np.empty(0, dtype=np.uint8)  # the fast path's groups' bytes (direct.py), kept across epochs
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         """The iterator of ``epoch``'s mini-batches (with ``direct``, where the epoch allows it, of

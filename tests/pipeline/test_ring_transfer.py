@@ -20,6 +20,13 @@ from dali_shards.tools.writer import ShardWriter
 
 SHM = "/dev/shm"
 
+
+def photo_byte_sums():
+    """The sum of each built-in photo's bytes, in order (sample ``i`` is photo ``i % len``)."""
+    from dali_shards.sample_data import sample_images
+
+    return [int(np.frombuffer(open(p.path, "rb").read(), np.uint8).sum(dtype=np.int64)) for p in sample_images()]
+
 ENDINGS = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -225,10 +232,9 @@ def test_dali_reads_each_slot_in_place_only_while_it_holds_the_step(tmp_path, qu
     (a sum over them, in DALI) sees each sample's own, at every queue depth."""
     from nvidia.dali import fn, types
 
-    from dali_shards.sample_data import sample_images, write_sample_shards
+    from dali_shards.sample_data import write_sample_shards
 
-    photos = sample_images()
-    sums = [int(np.frombuffer(open(p.path, "rb").read(), np.uint8).sum(dtype=np.int64)) for p in photos]
+    sums = photo_byte_sums()
     paths = write_sample_shards(str(tmp_path), shard_sizes=(60, 45, 90, 25))
 
     @sharded_pipeline(paths, fields=("jpg", "__index__", "__valid__"), batch_size=8, py_num_workers=2, shuffle=True,
@@ -241,7 +247,7 @@ def test_dali_reads_each_slot_in_place_only_while_it_holds_the_step(tmp_path, qu
         seen = []
         for total, index, valid in epoch:
             for t, i, v in zip(total, index, valid):
-                assert int(t) == sums[int(i) % len(photos)], f"sample {int(i)} read after its slot was written again"
+                assert int(t) == sums[int(i) % len(sums)], f"sample {int(i)} read after its slot was written again"
                 seen += [int(i)] * bool(v)
         assert sorted(seen) == list(range(220))
 
@@ -280,10 +286,9 @@ def test_a_pipeline_scheduled_ahead_of_its_outputs_reads_every_step_whole_or_say
     from nvidia.dali import fn, types
 
     from dali_shards import ConfigError
-    from dali_shards.sample_data import sample_images, write_sample_shards
+    from dali_shards.sample_data import write_sample_shards
 
-    photos = sample_images()
-    sums = [int(np.frombuffer(open(p.path, "rb").read(), np.uint8).sum(dtype=np.int64)) for p in photos]
+    sums = photo_byte_sums()
     paths = write_sample_shards(str(tmp_path), shard_sizes=(37, 0, 23, 44))
 
     @sharded_pipeline(paths, fields=("jpg", "__index__", "__valid__"), batch_size=4, py_num_workers=2, shuffle=True,
@@ -303,7 +308,7 @@ def test_a_pipeline_scheduled_ahead_of_its_outputs_reads_every_step_whole_or_say
             except StopIteration:
                 break
             for t, i, v in zip(total, index, valid):
-                assert int(np.array(t)) == sums[int(np.array(i)) % len(photos)]
+                assert int(np.array(t)) == sums[int(np.array(i)) % len(sums)]
                 seen += [int(np.array(i))] * bool(np.array(v))
             p.schedule_run()
         p.reset()

@@ -169,10 +169,10 @@ class RingTransfer:
     def __init__(self, configs: Sequence[WorkerConfig], packing: Packing, *, batch_size: int, worker_prefetch: int,
                  start_method: str, start_epoch: int, first_slot_bytes: int,
                  prefetch_queue_depth: Union[int, Mapping[str, int]], control: Optional[ControlBlock] = None):  # fmt: skip
-        self.lifetime = feed_lifetime(prefetch_queue_depth)
-        self.depth = worker_prefetch + self.lifetime  # a slot is given back once DALI is done with it
+        lifetime = feed_lifetime(prefetch_queue_depth)
+        self.depth = worker_prefetch + lifetime  # a slot is given back once DALI is done with it
         self.workers = RingWorkers(configs, self.depth, start_method, first_slot_bytes)
-        self.feed = RingFeed(self.workers, packing, start_epoch, batch_size, control, self.lifetime)
+        self.feed = RingFeed(self.workers, packing, start_epoch, batch_size, control, lifetime)
         self.packing = packing
         self.nodes: List[Any] = []
         self.in_place: List[bool] = []
@@ -217,7 +217,7 @@ class RingTransfer:
     def in_flight(self, pipeline: Pipeline) -> int:
         # DALI holds the slots of its last calls: a worker fills its other slots, then makes one more;
         # before the feed holds that many, a worker may fill every slot (lifetime > queue: separate queues)
-        return max(steps_in_flight(pipeline.prefetch_queue_depth, self.depth - self.lifetime), self.depth + 1)
+        return max(steps_in_flight(pipeline.prefetch_queue_depth, self.depth - self.feed.lifetime), self.depth + 1)
 
     def translate(self, exc: BaseException) -> Optional[BaseException]:
         return None  # the workers' own errors arrive as they were raised

@@ -16,21 +16,24 @@ import signal
 import threading
 import time
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from dali_shards.plan.geometry import virtual_worker
 from dali_shards.shm.control import ControlBlock, WorkerStatus
 from dali_shards.worker.process import HEARTBEAT_S
 
 log = logging.getLogger("dali_shards")
+RELEASE_S = 5.0  # how long the main process may still wait once a stuck worker is killed: then the others are
 
 
 def stuck_worker(statuses: Sequence[WorkerStatus], now: float, timeout: float) -> Optional[WorkerStatus]:
     """Of the workers that made no progress for ``timeout`` seconds -- whose heartbeat stopped (a
     stopped or frozen process), or that have been producing a batch without reading a sample --
-    the one silent longest; None if every worker is progressing or idle and alive."""
+    the one to blame: a frozen one first (it certainly holds the others up), else the one silent
+    longest; None if every worker is progressing or waiting and alive."""
     stuck = [s for s in statuses if now - s.alive > timeout or (s.busy and now - s.progress > timeout)]
-    return min(stuck, key=lambda s: max(s.progress, s.alive if now - s.alive > timeout else 0.0), default=None)
+    frozen = [s for s in stuck if now - s.alive > timeout]
+    return min(frozen or stuck, key=lambda s: max(s.progress, s.alive if s in frozen else 0.0), default=None)
 
 
 class Watchdog:
@@ -67,9 +70,13 @@ class Watchdog:
     def _run(self) -> None:
         assert self.timeout is not None  # begin() starts the thread only with a timeout
         warned = None
+        killed: Optional[Tuple[float, float]] = None  # (the wait it was killed in, when) of the stuck worker
         while not self._stop.wait(min(1.0, self.timeout / 4)):
             since = self._since
             now = time.monotonic()
+            if killed is not None and since == killed[0] and now - killed[1] > RELEASE_S:
+                self._kill_the_others(now - killed[1])
+                killed = None
             if since is None or self.reason is not None or now - since < self.timeout:
                 continue
             statuses = self.control.snapshot()
@@ -85,10 +92,19 @@ class Watchdog:
             if pid is None:
                 continue
             self.reason = self.describe(status, pid, now)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            killed = (since, now)
+            _kill(pid)
+
+    def _kill_the_others(self, waited: float) -> None:
+        """The main process still waits after the stuck worker was killed (another worker holds it
+        up: stopped too, or holding what DALI waits for): the pipeline is failing anyway, so every
+        worker is killed, and what waits on them is released."""
+        log.warning(
+            "dali_shards: still waiting %.0f s after a stuck worker was killed; killing the pipeline's other workers",
+            waited,
+        )
+        for pid in self.pids:
+            _kill(pid)
 
     def describe(self, status: WorkerStatus, pid: int, now: float) -> str:
         """Which worker made no progress, for how long, and where."""
@@ -108,6 +124,13 @@ class Watchdog:
             + (" (its process did not respond at all: stopped or frozen)" if frozen else "")
             + ". If the storage is only slow, raise worker_timeout (None turns the check off)"
         )
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -246,6 +246,11 @@ class WorkerStamps:
         record.epoch, record.step, record.busy = epoch, step, 1
         record.progress = time.monotonic()
 
+    def waiting(self) -> None:
+        """The batch being produced is made: the worker now waits for its consumer (to be asked for
+        the next, or for a free slot), however long, and is not stuck meanwhile."""
+        self._record.busy = 0
+
     def end(self, epoch: int, step: int, produced: bool = True) -> None:
         """``step`` batches of ``epoch`` are done (``produced``: one more was just made)."""
         self._produced += produced
@@ -271,6 +276,9 @@ class NoStamps:
         pass
 
     def begin(self, epoch: int, step: int) -> None:
+        pass
+
+    def waiting(self) -> None:
         pass
 
     def end(self, epoch: int, step: int, produced: bool = True) -> None:

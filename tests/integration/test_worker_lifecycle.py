@@ -74,7 +74,8 @@ STUCK_SCRIPT = COMMON + textwrap.dedent(
     else:
         next(it)
     pids = pipe.dali_shards.transfer.pids()
-    os.kill(pids[0], signal.SIGSTOP)  # one worker hangs (as in a dead NFS mount or a deadlock)
+    for pid in pids[: int(sys.argv[4]) if len(sys.argv) > 4 else 1]:
+        os.kill(pid, signal.SIGSTOP)  # one worker hangs (as in a dead NFS mount or a deadlock), or more
     print("PIDS", *pids, flush=True)
     # which source that process runs, by its own stamp (DALI's process order is not the sources')
     stopped = [w.worker for w in pipe.dali_shards.control.snapshot() if w.pid == pids[0]]
@@ -161,6 +162,21 @@ def test_a_stopped_worker_raises_a_worker_error_after_worker_timeout(tmp_path, w
         assert f"worker {worker} (virtual worker {worker}, pid {pids[0]}) of rank 0" in message
         assert "made no progress for" in message and "worker_timeout=3" in message
         assert "sample-00000" in message, "names the shard"
+        assert not wait_gone(pids, 10), "no worker left behind"
+    finally:
+        end_job(proc, pids)
+
+
+def test_every_worker_stopped_is_an_error_not_a_hang(tmp_path, transfer):
+    """Killing the worker to blame may not release the main process (it waits on another stopped
+    worker): then the others are killed too."""
+    proc = start(tmp_path, STUCK_SCRIPT, 2, "mid-epoch", 2, transfer=transfer)
+    pids = read_pids(proc, HARD_LIMIT)
+    try:
+        out, err = proc.communicate(timeout=HARD_LIMIT)
+        assert "WorkerError after" in out, out + err[-3000:]
+        assert float(out.split("WorkerError after ")[1].split("s:")[0]) < 30
+        assert "made no progress for" in out and "worker_timeout=2" in out
         assert not wait_gone(pids, 10), "no worker left behind"
     finally:
         end_job(proc, pids)

@@ -1,12 +1,16 @@
 """Worker processes: a dead worker is reported within seconds, start methods, AutoGraph."""
 
 import textwrap
+import time
 
 import pytest
 from nvidia.dali import fn
 
 from dali_shards import ConfigError, decode_image, sharded_pipeline
-from dali_shards.testing.pipelines import run_epochs
+from dali_shards.pytorch import DALIShardedIterator
+from dali_shards.sample_data import write_sample_shards
+from dali_shards.supervise import stuck_worker
+from dali_shards.testing.pipelines import identity_pipeline, run_epochs
 from dali_shards.testing.processes import run_script
 
 KILL_SCRIPT = textwrap.dedent(
@@ -53,6 +57,22 @@ def test_a_killed_worker_is_reported_within_seconds(tmp_path, when, transfer):
     assert "killed by SIGKILL" in out.stdout and "state_dict" in out.stdout
     seconds = float(out.stdout.split("WorkerError after ")[1].split("s:")[0])
     assert seconds < 10
+
+
+def test_workers_waiting_for_the_main_process_are_never_blamed(tmp_path, transfer):
+    """A worker that made its batches and waits (for DALI to ask, or for a free slot) is not stuck:
+    the watchdog must blame only one that is (tests/integration/test_worker_lifecycle.py)."""
+    paths = write_sample_shards(str(tmp_path), shard_sizes=(40, 40))
+    pipe = identity_pipeline(paths, ("jpg", "__index__"), returns="index", batch_size=4, py_num_workers=2,
+                             transfer=transfer, worker_timeout=1.0)()  # fmt: skip
+    it = DALIShardedIterator(pipe, ["index"])
+    seen = list(next(it)[0]["index"].tolist())
+    time.sleep(2.5)  # the workers fill what they may ahead, then wait
+    statuses = pipe.dali_shards.control.snapshot()
+    assert all(s.pid for s in statuses) and all(s.produced for s in statuses), statuses
+    assert stuck_worker(statuses, time.monotonic(), 1.0) is None, statuses
+    seen += [i for (b,) in it for i in b["index"].tolist()]
+    assert sorted(seen) == list(range(80))
 
 
 def test_fork_after_cuda_merge_refuses_ring_forks(photo_shards, monkeypatch):

@@ -74,6 +74,24 @@ def test_which_worker_is_stuck():
     stopped = status(0, now - 40, now - 45, False)  # no heartbeat: stopped or frozen
     assert stuck_worker([stopped, reading], now, timeout) == stopped
     assert stuck_worker([stopped, blocked], now, timeout) == stopped, "the one silent longest"
+    # a stopped process is blamed before a live one, even one silent a moment longer (it holds the others up)
+    stopped_later = status(0, now - 20.5, now - 20.0, True)
+    blocked_longer = status(1, now - 0.5, now - 20.005, True)
+    assert stuck_worker([blocked_longer, stopped_later], now, timeout) == stopped_later
+
+
+def test_a_worker_that_waits_for_its_consumer_is_not_busy(tmp_path):
+    block = ControlBlock.create(1, directory=str(tmp_path))
+    try:
+        slot = WorkerStamps(block.path, 0)
+        slot.begin(epoch=0, step=2)
+        slot.waiting()  # its batch made, handed on
+        (waiting,) = block.snapshot()
+        assert not waiting.busy and waiting.step == 2
+        later = time.monotonic() + 100  # long after its last progress, its heartbeat going on
+        assert stuck_worker([waiting._replace(alive=later)], later, 10.0) is None, "alive: never blamed"
+    finally:
+        block.remove()
 
 
 def _report_death_signal(queue):

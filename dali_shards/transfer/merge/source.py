@@ -8,9 +8,10 @@ DALI."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from dali_shards.errors import DaliShardsError, carry
+from dali_shards.shm.control import NO_STAMPS
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.process import ProcessEpochs
 from dali_shards.worker.sources import EpochSource, make_source
@@ -37,23 +38,27 @@ class MergeSource(ProcessEpochs):
         epoch = self.next_epoch()
         if self._source is None:
             self._source = make_source(self.config, self.stamps)
-        return PaddedBatches(self.config, epoch, self._source.epoch(epoch))
+        return PaddedBatches(self.config, epoch, self._source.epoch(epoch), self.stamps)
 
 
 class PaddedBatches:
-    """One epoch of a worker's full-size padded batches: its mini-batches (``mini``) padded."""
+    """One epoch of a worker's full-size padded batches: its mini-batches (``mini``) padded; once
+    each is made, the worker is stamped as waiting (``stamps``) until DALI asks for the next."""
 
-    def __init__(self, config: WorkerConfig, epoch: int, mini: Iterator[list]):
+    def __init__(self, config: WorkerConfig, epoch: int, mini: Iterator[list], stamps: Any = NO_STAMPS):
         self.config = config
         self.epoch = epoch
         self.mini = mini
+        self.stamps = stamps
 
     def __iter__(self) -> "PaddedBatches":
         return self
 
     def __next__(self) -> list:
         cfg, spec = self.config, self.config.spec
-        return cfg.packing.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
+        batch = cfg.packing.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
+        self.stamps.waiting()
+        return batch
 
 
 class Carried:

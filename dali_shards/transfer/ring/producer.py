@@ -17,6 +17,7 @@ from typing import Any, Deque, List, Optional
 from dali_shards.errors import WorkerError, carried_fields
 from dali_shards.transfer.ring import messages
 from dali_shards.transfer.ring.segment import Segment
+from dali_shards.shm.control import NO_STAMPS
 from dali_shards.shm.packing import Packing
 from dali_shards.shm.tables import Grow, as_table
 
@@ -31,8 +32,9 @@ class Stopped(Exception):
 class RingProducer:
     """The writing end of one worker's ring (``depth`` slots) over ``conn``."""
 
-    def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT):
+    def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT, stamps: Any = NO_STAMPS):
         self.conn = conn
+        self.stamps = stamps  # the worker's (``shm.control.WorkerStamps``): waiting for a slot is not being stuck
         self.packing = packing
         self.slots: List[Optional[Segment]] = [None] * depth
         self.generations = [0] * depth  # each slot's segment, counted
@@ -44,7 +46,12 @@ class RingProducer:
         """Write the mini-batch of ``step`` of ``epoch`` into a free slot and announce it (waits for a
         free slot; ``Stopped`` if the main process ends the worker meanwhile). ``batch``: packed
         samples, or a table writer (``shm/tables.py``)."""
+        waits = not self.free
+        if waits:  # for the main process to free a slot: not stuck, however long
+            self.stamps.waiting()
         slot = self._free_slot()
+        if waits:
+            self.stamps.begin(epoch, step)
         table = as_table(self.packing, batch)
         need = table.capacity
         while True:

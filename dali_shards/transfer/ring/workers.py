@@ -36,7 +36,8 @@ def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, firs
     entered_process(owner_pid)
     producer = RingProducer(conn, depth, config.packing, first_slot_bytes)
     try:
-        source = make_source(config, attach_stamps(config.control, config.worker), direct=True)
+        producer.stamps = attach_stamps(config.control, config.worker)
+        source = make_source(config, producer.stamps, direct=True)
         epoch = config.start_epoch
         while True:
             steps = 0

@@ -85,8 +85,9 @@ def make_source(args):
     return config, resolved.spec.epoch(0).interleaving, new_source
 
 
-def one_epoch(config, new_source, epoch: int, buffer) -> int:
-    """An epoch's steps written into ``buffer`` as the ring's producer writes them into its slot."""
+def one_epoch(config, source, epoch: int, buffer) -> int:
+    """An epoch's steps written into ``buffer`` as the ring's producer writes them into its slot
+    (one source for every epoch, as a worker process keeps it)."""
     try:
         from dali_shards.shm.tables import as_table
     except ImportError:  # a release before the fast path (for before/after figures)
@@ -102,7 +103,7 @@ def one_epoch(config, new_source, epoch: int, buffer) -> int:
                 self.packing.table_array(self.samples, out=out[: self.packing.table_size(self.samples)])
 
     count = 0
-    for batch in new_source().epoch(epoch):
+    for batch in source.epoch(epoch):
         table = as_table(config.packing, batch)
         table.write(buffer)
         count += len(table)
@@ -118,18 +119,19 @@ def measure(args, per_steps) -> Dict[int, Dict]:
     buffer = np.empty(256 << 20, dtype=np.uint8)
     for n in per_steps:
         config, interleaving, new_source = make_source(argparse.Namespace(**{**vars(args), "per_step": n}))
-        one_epoch(config, new_source, 0, buffer)  # warm the page cache and the imports
-        cases[n] = (config, interleaving, new_source, [])
+        source = new_source()
+        one_epoch(config, source, 0, buffer)  # warm the page cache, the imports and the worker's buffers
+        cases[n] = (config, interleaving, source, [])
     for r in range(args.rounds):
-        for config, _, new_source, costs in cases.values():
+        for config, _, source, costs in cases.values():
             t = time.process_time()
-            count = one_epoch(config, new_source, r + 1, buffer)
+            count = one_epoch(config, source, r + 1, buffer)
             costs.append((time.process_time() - t) / count * 1e6)
     out = {}
-    for n, (config, interleaving, new_source, costs) in cases.items():
+    for n, (config, interleaving, source, costs) in cases.items():
         profile = cProfile.Profile()
         profile.enable()
-        one_epoch(config, new_source, args.rounds + 1, buffer)
+        one_epoch(config, source, args.rounds + 1, buffer)
         profile.disable()
         own: Dict[str, float] = dict.fromkeys(STAGES, 0.0)
         for (filename, _, function), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():

@@ -48,6 +48,41 @@ def decode_int(data: bytes | memoryview | np.ndarray) -> int:
     return value
 
 
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[list(b" \t\n\r\f\v")] = True
+_POWERS = 10 ** np.arange(19, dtype=np.int64)  # up to 18 digits add up without overflow; longer: decode_int
+
+
+def decode_ints(buf: np.ndarray, at: np.ndarray, size: np.ndarray) -> tuple:
+    """``decode_int`` of each of the texts ``buf[at : at + size]`` at once: their values (int64)
+    and whether each is one (False where ``decode_int`` would raise)."""
+    count = len(at)
+    if not count:
+        return np.zeros(0, np.int64), np.ones(0, bool)
+    width = int(min(max(int(size.max()), 1), INT_TEXT_BYTES))
+    cols = np.arange(width)
+    inside = cols < size[:, None]
+    text = np.where(inside, buf[np.minimum(at[:, None] + cols, len(buf) - 1)], ord(" "))  # trailing spaces are allowed
+    blank = _WHITESPACE[text]
+    first = np.argmax(~blank, axis=1)  # the text without the whitespace around it: [first, last]
+    last = width - 1 - np.argmax(~blank[:, ::-1], axis=1)
+    signed = (text[np.arange(count), first] == ord("+")) | (text[np.arange(count), first] == ord("-"))
+    start = first + signed
+    span = (cols >= start[:, None]) & (cols <= last[:, None])
+    digit = (text >= ord("0")) & (text <= ord("9"))
+    ok = (size <= INT_TEXT_BYTES) & (~blank).any(axis=1) & (start <= last) & (digit | ~span).all(axis=1)
+    short = ok & (last - start < 18)
+    power = _POWERS[np.clip(last[:, None] - cols, 0, 18)]
+    values = np.where(span & short[:, None], (text.astype(np.int64) - ord("0")) * power, 0).sum(axis=1)
+    values = np.where(text[np.arange(count), first] == ord("-"), -values, values)
+    for i in np.flatnonzero(ok & ~short).tolist():  # 19 digits or more: in 64 bits or not
+        try:
+            values[i] = decode_int(buf[int(at[i]) : int(at[i]) + int(size[i])])
+        except ValueError:
+            ok[i] = False
+    return values, ok
+
+
 def decode_npy(data: bytes) -> np.ndarray:
     """An ``.npy`` member as its array (no pickled objects), in the machine's byte order."""
     return native(np.load(io.BytesIO(bytes(data)), allow_pickle=False))

@@ -7,7 +7,7 @@ table into its slot itself: header rows, then each sample's span as it lies in t
 members found by ``tar/blocks.py``, the rows pointing at the members' bytes (a key at its header's
 name). A step's NumPy work costs about the same for 16 samples as for 256, so small steps (under
 ``GROUPED_BELOW`` samples: a batch shared by many workers) are read and located in groups of about
-``GROUP_SAMPLES`` or ``GROUP_BYTES``, samples of up to ``GROUPED_SAMPLE_BYTES`` on average (``StepGroup``:
+``GROUP_SAMPLES`` or ``GROUP_BYTES``, samples of up to ``GROUPED_SAMPLE_BYTES`` on average (``grouped.py``:
 one ``preadv`` per sample into the group's buffer, laid out as in the slots, then one copy per
 step into its slot); a step of that size or more is read straight into its slot (one ``preadv``
 per sample from the page cache into shared memory: the only copy). Integers are parsed, keys checked against the
@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from dali_shards.worker.located import NotDirect, aligned, layout, locate, offset_columns, read_spans
+from dali_shards.worker.grouped import GroupedStep, StepGroup
+from dali_shards.worker.located import NotDirect, aligned, excluded, layout, locate, offset_columns, read_spans
 from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed
 from dali_shards.shm.packed import table_rows
 from dali_shards.worker.pieces import Interleaved
@@ -35,10 +36,7 @@ from dali_shards.fields import FieldKind
 from dali_shards.plan.mode import Planned
 
 DIRECT_KINDS = frozenset({FieldKind.BYTES, FieldKind.INT, FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID, FieldKind.STREAM})
-GROUPED_BELOW = 96  # steps of fewer samples are read and located in groups (their fixed cost would dominate)...
-GROUP_SAMPLES = 256  # ... until a group holds this many samples...
-GROUP_BYTES = 16 << 20  # ... or this many bytes (at least one step): a worker's memory for groups
-GROUPED_SAMPLE_BYTES = 256 << 10  # larger samples are read straight into the slot (their step's fixed cost is small beside them)
+GROUPED_BELOW = 96  # steps of fewer samples are read and located in groups (``grouped.py``: their fixed cost would dominate)
 
 
 def direct_fits(config: Any) -> bool:
@@ -49,12 +47,6 @@ def direct_fits(config: Any) -> bool:
         packing.table and packing.payload is None and not stage.user_code
         and all(f.kind in DIRECT_KINDS for f in packing.fields) and isinstance(config.mode, Planned)
     )  # fmt: skip
-
-
-def excluded(reading: Any, index: np.ndarray) -> bool:
-    """Whether one of these samples is one DALI failed on (the general way skips it)."""
-    skip = reading.cfg.excluded
-    return bool(skip) and any(int(i) in skip for i in index.tolist())
 
 
 class DirectBatches:
@@ -68,6 +60,8 @@ class DirectBatches:
         self.emissions = list(emissions)
         order = list(dict.fromkeys(pos for pos, _ in self.emissions))
         self.place = {pos: k for k, pos in enumerate(order)}
+        self.places = np.fromiter((self.place[p] for p, _ in self.emissions), np.int64, len(self.emissions))
+        self.valid = np.fromiter((ok for _, ok in self.emissions), bool, len(self.emissions))
         reader = source.reader(plan)
         self.reading = reading = Interleaved(plan, order, self.place.__contains__, reader)
         self.good = StandIn(reading.cfg, reread=reading.item)
@@ -105,93 +99,7 @@ class DirectBatches:
     def step(self, step: int) -> Tuple[List[int], List[bool]]:
         """The places (in the reading order) of step ``step``'s samples, and which are valid."""
         m = self.plan.spec.mini_batch
-        part = self.emissions[step * m : (step + 1) * m]
-        return [self.place[p] for p, _ in part], [ok for _, ok in part]
-
-
-class StepGroup:
-    """Steps ``[first, end)`` of an epoch read into one buffer, each step's samples laid out as in
-    its slot (block-aligned, one after another), located at once (``located.locate``), and each
-    step's header rows made: a step then costs one copy of its bytes and of its rows into its slot
-    (``GroupedStep``). ``ok`` is False where anything in the group is out of the ordinary: its steps
-    then go one by one (``DirectStep``)."""
-
-    def __init__(self, epoch: DirectBatches, first: int):
-        self.epoch, self.first, self.end = epoch, first, first
-        self.steps: List[Tuple[List[int], List[bool], np.ndarray]] = []  # places, valid, unique
-        bases, total, samples = [], 0, 0
-        count = epoch.plan.steps - epoch.plan.start_step
-        while self.end < count and (self.end == first or (samples < GROUP_SAMPLES and total < GROUP_BYTES)):
-            places, valid = epoch.step(self.end)
-            unique = np.array(list(dict.fromkeys(places)), dtype=np.int64)
-            lengths = epoch.spans[unique, 1] - epoch.spans[unique, 0]
-            self.steps.append((places, valid, unique))
-            bases.append(total)
-            total += int(aligned(layout(lengths)[-1] + lengths[-1])) if len(unique) else 0
-            samples += len(unique)
-            self.end += 1
-        self.bases, self.ok, self.buf = bases, False, epoch.source.group_buf
-        self.rows: List[np.ndarray] = []
-        self.sizes: List[int] = []
-        if self.end - self.first > 1 and total <= GROUPED_SAMPLE_BYTES * samples:  # (a group of one is a step alone)
-            try:
-                self._make(total)
-            except NotDirect:
-                return
-            self.ok = True
-
-    def _make(self, total: int) -> None:
-        epoch = self.epoch
-        unique = np.concatenate([u for _, _, u in self.steps])
-        if not epoch.sane[unique].all() or excluded(epoch.reading, epoch.index[unique]):
-            raise NotDirect()
-        source = epoch.source  # one buffer per worker, for all its groups
-        if len(source.group_buf) < total:  # with room to spare: an allocation or two per run
-            source.group_buf = np.empty(total + total // 4, dtype=np.uint8)
-        self.buf = source.group_buf
-        spans = epoch.spans[unique]
-        lengths = spans[:, 1] - spans[:, 0]
-        bounds = np.cumsum([0] + [len(u) for _, _, u in self.steps])
-        starts = np.concatenate([base + layout(lengths[lo:hi]) for base, lo, hi in zip(self.bases, bounds[:-1], bounds[1:])])
-        read_spans(epoch.reading, unique, spans, self.buf, starts)
-        fields = locate(epoch.reading, epoch.index[unique], unique, self.buf, starts, starts + lengths)
-        packing = epoch.reading.cfg.packing
-        for j, (places, valid, step_unique) in enumerate(self.steps):
-            lo, hi = int(bounds[j]), int(bounds[j + 1])
-            at = {k: u for u, k in enumerate(step_unique.tolist())}
-            which = lo + np.array([at[k] for k in places], dtype=np.int64)
-            rows = np.empty((len(places), packing.header_columns), dtype=np.int64)
-            rows[:, INDEX_COLUMN] = epoch.index[unique][which]
-            rows[:, VALID_COLUMN] = np.where(valid, STATUS_VALID, STATUS_PADDING)
-            shift = aligned(len(places) * packing.header_bytes) - self.bases[j]
-            for column, values in fields:
-                rows[:, column] = values[which] + shift if column in epoch.offset_columns else values[which]
-            self.rows.append(rows)
-            self.sizes.append(int(starts[hi - 1] + lengths[hi - 1]) - self.bases[j])
-
-
-class GroupedStep:
-    """Step ``j`` of a ``StepGroup``, written into a slot: its rows, then its bytes (one copy each)."""
-
-    def __init__(self, group: StepGroup, j: int):
-        self.group, self.j = group, j
-        self.rows = group.rows[j]
-        self.at = aligned(self.rows.nbytes)
-        self.capacity = self.at + group.sizes[j]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def write(self, out: np.ndarray) -> int:
-        """Write the table into ``out``; the bytes it takes."""
-        if self.capacity > len(out):
-            raise Grow(self.capacity)
-        group, j = self.group, self.j
-        out[: self.rows.nbytes] = self.rows.reshape(-1).view(np.uint8)
-        base, size = group.bases[j], group.sizes[j]
-        out[self.at : self.at + size] = group.buf[base : base + size]
-        group.epoch.good.remember(place=int(group.steps[j][2][-1]))
-        return self.capacity
+        return self.places[step * m : (step + 1) * m].tolist(), self.valid[step * m : (step + 1) * m].tolist()
 
 
 class DirectStep:

@@ -17,7 +17,7 @@ from dali_shards.fields import FieldKind
 from dali_shards.io.storage import local_path
 from dali_shards.tar.blocks import walk_members
 from dali_shards.tar.header import BLOCK
-from dali_shards.worker.decoders import decode_int
+from dali_shards.worker.decoders import decode_ints
 from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS, images_ok
 
 
@@ -28,6 +28,12 @@ class NotDirect(Exception):
 def aligned(size: Any) -> Any:
     """``size`` rounded up to whole tar blocks."""
     return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def excluded(reading: Any, index: np.ndarray) -> bool:
+    """Whether one of these samples is one DALI failed on (the general way skips it)."""
+    skip = reading.cfg.excluded
+    return bool(skip) and any(int(i) in skip for i in index.tolist())
 
 
 def layout(lengths: np.ndarray) -> np.ndarray:
@@ -83,7 +89,10 @@ def locate(reading: Any, index: np.ndarray, unique: np.ndarray, buf: np.ndarray,
             continue
         data, size = _first_present(found, spec.extensions, count)
         if spec.kind == FieldKind.INT:
-            values.append((spec.column, np.array([_int(buf, d, z) for d, z in zip(data, size)], dtype=np.int64)))
+            ints, ok = decode_ints(buf, data, size)
+            if not ok.all():
+                raise NotDirect()  # the general way names the sample
+            values.append((spec.column, ints))
             continue
         if any(e in IMAGE_EXTENSIONS for e in spec.extensions) and not images_ok(buf, data, size, packing.image_check).all():
             raise NotDirect()
@@ -168,9 +177,3 @@ def _keys(walk: Any, count: int) -> Tuple[np.ndarray, np.ndarray]:
     key_at[first.samples], key_len[first.samples] = first.header, first.key_end
     return key_at, key_len
 
-
-def _int(out: np.ndarray, at: int, size: int) -> int:
-    try:
-        return decode_int(out[at : at + size])
-    except ValueError:
-        raise NotDirect() from None

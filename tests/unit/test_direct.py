@@ -10,6 +10,8 @@ import tarfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import write_manifest
@@ -20,8 +22,9 @@ from dali_shards.setup.resolve import resolve
 from dali_shards.sample_data import sample_images
 from dali_shards.transfer.ring.assemble import assemble
 from dali_shards.transfer.ring.consumer import MiniBatch
-from dali_shards.worker import direct
-from dali_shards.worker.direct import DirectBatches, DirectStep, GroupedStep
+from dali_shards.worker import direct, grouped
+from dali_shards.worker.direct import DirectBatches, DirectStep
+from dali_shards.worker.grouped import GroupedStep
 from dali_shards.worker.sources import make_source
 from dali_shards.shm.tables import as_table
 
@@ -87,19 +90,21 @@ def config_of(paths, **kw):
     return resolve(ShardedOptions.from_keywords(source=paths, **opts)).workers[0]
 
 
+@pytest.mark.parametrize("batch", [4, 7])
 @pytest.mark.parametrize("group", [256, 9, 1])
 @pytest.mark.parametrize("block", [256, 0])
-def test_the_fast_path_gives_what_the_general_way_gives(tmp_path, block, group, monkeypatch):
-    """Whole epochs in one group of steps, groups of three steps (the last one shorter), one step at
-    a time: the same as the general way, step for step."""
-    monkeypatch.setattr(direct, "GROUP_SAMPLES", group)
-    config = config_of(dataset(tmp_path), shuffle_block=block)
+def test_the_fast_path_gives_what_the_general_way_gives(tmp_path, block, group, batch, monkeypatch):
+    """Whole epochs in one group of steps, groups of two or three steps (the last one shorter), one
+    step at a time; full steps, and a last step padded (60 samples in steps of 7): the same as the
+    general way, step for step."""
+    monkeypatch.setattr(grouped, "GROUP_SAMPLES", group)
+    config = config_of(dataset(tmp_path), shuffle_block=block, batch_size=batch)
     FALLBACKS.clear()
     GROUPED.clear()
     for epoch in (0, 1):
         assert steps(config, epoch, True) == steps(config, epoch, False)
     assert not FALLBACKS, "regular shards take the fast path all the way"
-    assert bool(GROUPED) == (group > 4), "steps of 4 samples are grouped up to GROUP_SAMPLES"
+    assert bool(GROUPED) == (group > batch), "steps are grouped up to GROUP_SAMPLES"
 
 
 def long_names(members):  # GNU long names: the general way reads them
@@ -244,8 +249,21 @@ def test_labels_with_signs_zeros_and_whitespace_take_the_fast_path(tmp_path, tex
 
 def test_large_samples_are_read_straight_into_their_slots(tmp_path, monkeypatch):
     """Grouping pays for small samples only: above GROUPED_SAMPLE_BYTES a worker holds no group."""
-    monkeypatch.setattr(direct, "GROUPED_SAMPLE_BYTES", 1)
+    monkeypatch.setattr(grouped, "GROUPED_SAMPLE_BYTES", 1)
     config = config_of(dataset(tmp_path))
     GROUPED.clear()
     assert steps(config, 0, True) == steps(config, 0, False)
     assert not GROUPED
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda m: st.lists(st.lists(st.integers(0, 9), min_size=m, max_size=m), min_size=1, max_size=8)))
+def test_each_steps_samples_in_the_order_they_first_occur(rows):
+    """``first_seen`` works out for a whole group what ``dict.fromkeys`` gives step by step."""
+    unique, counts, which = grouped.first_seen(np.array(rows, dtype=np.int64))
+    per_step = [list(dict.fromkeys(row)) for row in rows]
+    assert unique.tolist() == [p for step in per_step for p in step]
+    assert counts.tolist() == [len(step) for step in per_step]
+    assert unique[which].tolist() == [p for row in rows for p in row]
+    starts = np.cumsum(counts) - counts
+    assert all(starts[j] <= w < starts[j] + counts[j] for j, row in enumerate(rows) for w in which[j * len(row) : (j + 1) * len(row)])

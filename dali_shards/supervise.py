@@ -2,7 +2,8 @@
 
 - ``Watchdog`` kills a worker that makes no progress for ``worker_timeout`` seconds while the
   main process waits for data, recording why, so that the iterator raises a ``WorkerError`` naming
-  the worker and the shard it was reading.
+  the worker and the shard it was reading; if the main process still waits ``RELEASE_S`` later,
+  it kills the pipeline's other workers too.
 - ``supervise`` ties a pipeline's control block to its life and makes SIGTERM act as Ctrl-C.
 
 Imports no DALI.
@@ -39,8 +40,9 @@ def stuck_worker(statuses: Sequence[WorkerStatus], now: float, timeout: float) -
 class Watchdog:
     """Kills a worker that makes no progress for ``control.worker_timeout`` seconds while the main
     process waits in a call into DALI (``begin()``/``end()`` around it), recording in ``reason``
-    which worker, why, and the shard it was reading. A thread of its own, started at the first
-    call; ``stop()`` ends it. Holds no reference to the pipeline or the iterator."""
+    which worker, why, and the shard it was reading; the others too if the call still waits
+    ``RELEASE_S`` after that. A thread of its own, started at the first call; ``stop()`` ends it.
+    Holds no reference to the pipeline or the iterator."""
 
     def __init__(self, control: ControlBlock, pids: Sequence[int], urls: Sequence[str], rank: int):
         self.control = control
@@ -70,12 +72,12 @@ class Watchdog:
     def _run(self) -> None:
         assert self.timeout is not None  # begin() starts the thread only with a timeout
         warned = None
-        killed: Optional[Tuple[float, float]] = None  # (the wait it was killed in, when) of the stuck worker
+        killed: Optional[Tuple[float, float, int]] = None  # the stuck worker's: (the wait, when, pid)
         while not self._stop.wait(min(1.0, self.timeout / 4)):
             since = self._since
             now = time.monotonic()
             if killed is not None and since == killed[0] and now - killed[1] > RELEASE_S:
-                self._kill_the_others(now - killed[1])
+                self._kill_the_others(now - killed[1], killed[2])
                 killed = None
             if since is None or self.reason is not None or now - since < self.timeout:
                 continue
@@ -92,19 +94,20 @@ class Watchdog:
             if pid is None:
                 continue
             self.reason = self.describe(status, pid, now)
-            killed = (since, now)
+            killed = (since, now, pid)
             _kill(pid)
 
-    def _kill_the_others(self, waited: float) -> None:
+    def _kill_the_others(self, waited: float, stuck: int) -> None:
         """The main process still waits after the stuck worker was killed (another worker holds it
         up: stopped too, or holding what DALI waits for): the pipeline is failing anyway, so every
-        worker is killed, and what waits on them is released."""
+        other worker is killed, and what waits on them is released."""
         log.warning(
             "dali_shards: still waiting %.0f s after a stuck worker was killed; killing the pipeline's other workers",
             waited,
         )
         for pid in self.pids:
-            _kill(pid)
+            if pid != stuck:  # (killed already: its pid may be another process's by now)
+                _kill(pid)
 
     def describe(self, status: WorkerStatus, pid: int, now: float) -> str:
         """Which worker made no progress, for how long, and where."""

@@ -243,12 +243,12 @@ class WorkerStamps:
     def begin(self, epoch: int, step: int) -> None:
         """Batch ``step`` of ``epoch`` is being produced."""
         record = self._record
+        record.progress = time.monotonic()  # first: never busy with an old progress stamp
         record.epoch, record.step, record.busy = epoch, step, 1
-        record.progress = time.monotonic()
 
     def waiting(self) -> None:
-        """The batch being produced is made: the worker now waits for its consumer (to be asked for
-        the next, or for a free slot), however long, and is not stuck meanwhile."""
+        """The worker waits for its consumer -- to be asked for its next batch, or for a free slot
+        to make the current one in -- however long, and is not stuck meanwhile."""
         self._record.busy = 0
 
     def end(self, epoch: int, step: int, produced: bool = True) -> None:

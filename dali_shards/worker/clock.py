@@ -3,8 +3,9 @@
 hanging, read these stamps. Imports no DALI.
 
 A step begins when it is asked for and ends when the next one is (its batch made and handed on);
-in between, whoever hands the batch on stamps that the worker waits (``waiting``: DALI has not asked
-yet, or no slot is free), so that the watchdog never blames a worker for its consumer. The epoch
+while it waits for its consumer in between -- for a free slot to make the batch in (the ring), or,
+the batch made, for DALI to ask for the next (merge) -- the worker is stamped as waiting
+(``waiting``), so that the watchdog never blames a worker for its consumer. The epoch
 ends after its last step, or at the step where the main process cut it short (read again before
 every step), stamped once more as it ends.
 """

@@ -57,11 +57,10 @@ class DirectBatches:
 
     def __init__(self, source: Any, epoch: int, plan: Any, emissions: Sequence[Tuple[int, bool]]):
         self.source, self.epoch, self.plan = source, epoch, plan
-        self.emissions = list(emissions)
-        order = list(dict.fromkeys(pos for pos, _ in self.emissions))
+        order = list(dict.fromkeys(pos for pos, _ in emissions))
         self.place = {pos: k for k, pos in enumerate(order)}
-        self.places = np.fromiter((self.place[p] for p, _ in self.emissions), np.int64, len(self.emissions))
-        self.valid = np.fromiter((ok for _, ok in self.emissions), bool, len(self.emissions))
+        self.places = np.fromiter((self.place[p] for p, _ in emissions), np.int64, len(emissions))  # per slot, in order
+        self.valid = np.fromiter((ok for _, ok in emissions), bool, len(emissions))
         reader = source.reader(plan)
         self.reading = reading = Interleaved(plan, order, self.place.__contains__, reader)
         self.good = StandIn(reading.cfg, reread=reading.item)

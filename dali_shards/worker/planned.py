@@ -54,7 +54,7 @@ class WorkerSource:
         self.stamps = stamps
         self.direct = direct and direct_fits(config)
         self.ahead: Optional[Ahead] = None
-        self.group_buf = np.empty(0, dtype=np.uint8)  # the fast path's groups' bytes (direct.py), kept across epochs
+        self.group_buf = np.empty(0, dtype=np.uint8)  # the fast path's groups' bytes (grouped.py), kept across epochs
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         """The iterator of ``epoch``'s mini-batches (with ``direct``, where the epoch allows it, of

@@ -32,9 +32,9 @@ class Stopped(Exception):
 class RingProducer:
     """The writing end of one worker's ring (``depth`` slots) over ``conn``."""
 
-    def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT, stamps: Any = NO_STAMPS):
+    def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT):
         self.conn = conn
-        self.stamps = stamps  # the worker's (``shm.control.WorkerStamps``): waiting for a slot is not being stuck
+        self.stamps: Any = NO_STAMPS  # the worker's, once attached (``shm.control.WorkerStamps``): a slot's wait is no stall
         self.packing = packing
         self.slots: List[Optional[Segment]] = [None] * depth
         self.generations = [0] * depth  # each slot's segment, counted

@@ -6,7 +6,7 @@ Loaders (see ``loaders.py``): dali_shards; DALI's native ``fn.readers.webdataset
 
 1. samples/s bytes-only and with decode + augment (random-resized-crop 224, flip, normalize), time to
    first batch, peak memory of all the loader's processes (PSS); medians of interleaved rounds;
-2. a scaling table over Python workers (augment);
+2. a scaling table over Python workers (augment), medians of interleaved rounds;
 3. an exactly-once audit: 4 simulated ranks, 2 epochs, uneven shards (one empty): duplicates and
    missing samples per epoch, and steps per rank (unequal steps hang DDP at the epoch's end).
 
@@ -112,6 +112,25 @@ def audit(args, loader):
     return {"samples": total, "epochs": epochs, "failed_ranks": failed}
 
 
+def measure_scaling(args, loaders, counts):
+    """Decode + augment at each worker count, every (loader, count) once per round in interleaved
+    rounds (odd rounds in reverse order), so that machine noise hits them alike; medians."""
+    from bench_data import build_bench_shards
+
+    per_shard = args.scaling_samples // 16
+    build_bench_shards(bench_dir(args.data_dir, args.scaling_samples, per_shard), num_samples=args.scaling_samples,
+                       samples_per_shard=per_shard)  # fmt: skip
+    cells = [(name, w) for name in loaders for w in counts]
+    runs = {cell: [] for cell in cells}
+    for round_ in range(args.scaling_rounds):
+        for name, w in cells if round_ % 2 == 0 else cells[::-1]:
+            print(f"scaling round {round_} {name} with {w} workers ...", flush=True)
+            extra = dict(workers=w, samples=args.scaling_samples, epochs=args.scaling_epochs, per_shard=per_shard,
+                         batch_size=max(w, args.batch_size // w * w))  # fmt: skip
+            runs[(name, w)].append(run_child(__file__, child_args(args, "throughput", name, "augment", **extra), args.timeout))
+    return {name: {str(w): _median_run(runs[(name, w)]) for w in counts} for name in loaders}
+
+
 def _median_run(runs):
     """The median run by samples/s (errors and n/a results pass through), with all rounds' rates."""
     good = sorted((r for r in runs if "samples_per_s" in r), key=lambda r: r["samples_per_s"])
@@ -166,13 +185,15 @@ def markdown(report) -> str:
         counts = report["config"]["scaling"]
         lines += [
             "",
-            "Scaling over Python workers (decode + augment, samples/s):",
+            "Scaling over Python workers (decode + augment, samples/s; medians of interleaved rounds):",
             "",
-            "| loader | " + " | ".join(f"{w} workers" for w in counts) + " |",
-            "| --- | " + " | ".join("---:" for _ in counts) + " |",
+            "| loader | " + " | ".join(f"{w} workers" for w in counts) + f" | {counts[-1]} vs {counts[0]} |",
+            "| --- | " + " | ".join("---:" for _ in counts) + " | ---: |",
         ]
         for name, row in report["scaling"].items():
-            lines.append(f"| {LABELS[name]} | " + " | ".join(_fmt(row.get(str(w), {})) for w in counts) + " |")
+            first, last = (row.get(str(w), {}).get("samples_per_s") for w in (counts[0], counts[-1]))
+            ratio = f"{last / first:.2f}x" if first and last else "n/a"
+            lines.append(f"| {LABELS[name]} | " + " | ".join(_fmt(row.get(str(w), {})) for w in counts) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -235,6 +256,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the throughput measurements")
     ap.add_argument("--scaling", default=None, help="worker counts for the scaling table (default 1,2,4,8; '' skips)")
     ap.add_argument("--scaling-samples", type=int, default=2048)
+    ap.add_argument("--scaling-rounds", type=int, default=3, help="interleaved rounds of the scaling table (median)")
+    ap.add_argument("--scaling-epochs", type=int, default=2, help="timed epochs per scaling measurement")
     ap.add_argument("--audit-ranks", type=int, default=4)
     ap.add_argument("--audit-batch", type=int, default=32)
     ap.add_argument("--loaders", default=",".join(LABELS))
@@ -252,6 +275,7 @@ def main(argv=None):
         return report
     if args.quick:
         args.samples, args.batch_size, args.epochs, args.scaling_samples, args.rounds = 1024, 64, 1, 512, 1
+        args.scaling_rounds, args.scaling_epochs = 1, 1
     if args.scaling is None:
         args.scaling = "1,2" if args.quick else "1,2,4,8"
     from bench_data import build_bench_shards
@@ -267,33 +291,8 @@ def main(argv=None):
                 print(f"throughput {mode:8} round {round_} {name} ...", flush=True)
                 runs[name].append(run_child(__file__, child_args(args, "throughput", name, mode), args.timeout))
         throughput[mode] = {name: _median_run(rs) for name, rs in runs.items()}
-    scaling = {}
     counts = [int(w) for w in args.scaling.split(",") if w]
-    if counts:
-        build_bench_shards(
-            bench_dir(args.data_dir, args.scaling_samples, args.scaling_samples // 16),
-            num_samples=args.scaling_samples,
-            samples_per_shard=args.scaling_samples // 16,
-        )
-        for name in loaders:
-            scaling[name] = {}
-            for w in counts:
-                print(f"scaling {name} with {w} workers ...", flush=True)
-                scaling[name][str(w)] = run_child(
-                    __file__,
-                    child_args(
-                        args,
-                        "throughput",
-                        name,
-                        "augment",
-                        workers=w,
-                        samples=args.scaling_samples,
-                        epochs=1,
-                        per_shard=args.scaling_samples // 16,
-                        batch_size=max(w, args.batch_size // w * w),
-                    ),
-                    args.timeout,
-                )
+    scaling = measure_scaling(args, loaders, counts) if counts else {}
     audits = {}
     for name in loaders:
         print(f"exactly-once audit {name} ...", flush=True)

@@ -13,7 +13,7 @@ import io
 import os
 import resource
 from collections import OrderedDict
-from typing import Any, BinaryIO, Collection, Optional, Tuple
+from typing import Any, BinaryIO, Collection, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -116,6 +116,33 @@ class LocalFiles:
                 got += n
         except OSError as exc:
             raise ShardAccessError(url, f"read error at byte {lo + got}: {exc}", hint="check the file system") from None
+        return got
+
+    def read_runs(self, url: str, path: str, size: Optional[int], runs: Sequence[Tuple[int, int, int]], out: Any) -> bool:
+        """Read each run ``(lo, hi, at)``: bytes ``[lo, hi)`` of the file at ``path`` (shard
+        ``url``) into ``out[at : at + hi - lo]``; whether every run was read whole (False where the
+        file ends sooner). Runs are checked against the file as ``read_into`` checks a span."""
+        if not runs:
+            return True
+        fd = self._file(url, path, (min(r[0] for r in runs), max(r[1] for r in runs)), size).fileno()
+        view, preadv = memoryview(out).cast("B"), os.preadv
+        try:
+            for lo, hi, at in runs:
+                if preadv(fd, [view[at : at + hi - lo]], lo) != hi - lo and self._rest(fd, view, lo, hi, at) != hi - lo:
+                    return False
+        except OSError as exc:
+            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint="check the file system") from None
+        return True
+
+    @staticmethod
+    def _rest(fd: int, view: memoryview, lo: int, hi: int, at: int) -> int:
+        """Bytes ``[lo, hi)`` read again until whole or the file ends (a read may return less); how many."""
+        got = 0
+        while got < hi - lo:
+            n = os.preadv(fd, [view[at + got : at + hi - lo]], lo + got)
+            if not n:
+                break
+            got += n
         return got
 
     def _file(self, url: str, path: str, span: Tuple[int, int], size: Optional[int]) -> BinaryIO:

@@ -83,6 +83,19 @@ def header_blocks(buf: np.ndarray, headers: np.ndarray) -> np.ndarray:
     return buf[headers[:, None] + _COLS]
 
 
+_LANES = np.uint64(0x00FF00FF00FF00FF)
+
+
+def byte_sums(blocks: np.ndarray) -> np.ndarray:
+    """The sum of each row's bytes (rows of 512 uint8), as int64: the words of a row added as four
+    16-bit lanes (no lane can overflow in 512 bytes), then the lanes."""
+    words = np.ascontiguousarray(blocks).view(np.uint64)
+    lanes = ((words & _LANES) + ((words >> np.uint64(8)) & _LANES)).sum(axis=1, dtype=np.uint64)
+    mask = np.uint64(0xFFFF)
+    total = (lanes & mask) + ((lanes >> np.uint64(16)) & mask) + ((lanes >> np.uint64(32)) & mask) + (lanes >> np.uint64(48))
+    return total.astype(np.int64)
+
+
 def parse_round(buf: np.ndarray, headers: np.ndarray) -> tuple:
     """For header blocks at ``headers`` in ``buf``: (plain and checked, size, key end, name end,
     the names' bytes)."""
@@ -91,17 +104,19 @@ def parse_round(buf: np.ndarray, headers: np.ndarray) -> tuple:
     plain = ((flag == 48) | (flag == 0) | (flag == 55)) & (blocks[:, 124] < 0x80)  # "0", NUL, "7"
     size = octal_fast(blocks[:, 124:136], 11)
     stored = octal_fast(blocks[:, 148:156], 6)
-    computed = blocks.sum(axis=1, dtype=np.int64) - blocks[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
+    computed = byte_sums(blocks) - blocks[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
     prefixed = blocks[:, 345] != 0
     if prefixed.any():  # a ustar name prefix (rare): such a member is irregular
         prefixed &= (blocks[:, 257:263] == _USTAR).all(axis=1)
     name = blocks[:, :100]
     zero = name == 0
     nul = np.where(zero.any(axis=1), zero.argmax(axis=1), 100)
-    inside = _COLS[:100] < nul[:, None]
-    slashes = (name == 47) & inside
-    slash = np.where(slashes, _COLS[:100], -1).max(axis=1) if slashes.any() else np.full(len(name), -1)
-    dots = (name == 46) & inside & (_COLS[:100] > slash[:, None])
+    width = max(1, int(nul.max()) if len(nul) else 1)  # past it, every name is NUL padding
+    used, cols = name[:, :width], _COLS[:width]
+    inside = cols < nul[:, None]
+    slashes = (used == 47) & inside
+    slash = np.where(slashes, cols, -1).max(axis=1) if slashes.any() else np.full(len(name), -1)
+    dots = (used == 46) & inside & (cols > slash[:, None])
     key_end = np.where(dots.any(axis=1), dots.argmax(axis=1), -1)
     rows = np.arange(len(headers))
     base = np.minimum(slash + 1, 98)

@@ -44,7 +44,8 @@ def layout(lengths: np.ndarray) -> np.ndarray:
 
 def read_spans(reading: Any, unique: np.ndarray, spans: np.ndarray, buf: np.ndarray, starts: np.ndarray) -> None:
     """Read the spans of the samples at ``unique`` (places of ``reading``) into ``buf`` at ``starts``:
-    one read per run of samples that follow one another in a shard and in ``buf``."""
+    one read per run of samples that follow one another in a shard and in ``buf``, each shard's runs
+    in file order."""
     cfg = reading.cfg
     shard_of = np.asarray(reading.shards, dtype=np.int64)[unique]
     reading.reader.progress(int(shard_of[0]))
@@ -53,15 +54,21 @@ def read_spans(reading: Any, unique: np.ndarray, spans: np.ndarray, buf: np.ndar
     joined[1:] &= starts[1:] == starts[:-1] + (spans[:-1, 1] - spans[:-1, 0])
     first = np.flatnonzero(~joined)
     last = np.append(first[1:], len(unique)) - 1
-    for s, lo, hi, at in zip(shard_of[first].tolist(), spans[first, 0].tolist(), spans[last, 1].tolist(), starts[first].tolist()):
+    by_shard = np.lexsort((spans[first, 0], shard_of[first]))  # each shard's runs together, in file order
+    first, last = first[by_shard], last[by_shard]
+    shards, los, his, ats = shard_of[first], spans[first, 0], spans[last, 1], starts[first]
+    cut = np.flatnonzero(shards[1:] != shards[:-1]) + 1  # one lookup of each shard's file
+    for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(first)]):
+        s = int(shards[a])
         url = cfg.urls[s]
         path = local_path(url)
         assert path is not None  # positioned reads are of local shards
+        runs = list(zip(los[a:b].tolist(), his[a:b].tolist(), ats[a:b].tolist()))
         try:
-            got = reading.files.read_into(url, path, (lo, hi), cfg.byte_sizes[s], buf[at : at + hi - lo])
+            whole = reading.files.read_runs(url, path, cfg.byte_sizes[s], runs, buf)
         except (ShardFormatError, OSError):
             raise NotDirect() from None
-        if got != hi - lo:
+        if not whole:
             raise NotDirect()
 
 

@@ -164,15 +164,17 @@ def measure_audit(loader_name: str, cfg, epochs: int = 2) -> dict:
     return result
 
 
-def run_child(script: str, args: List[str], timeout: float) -> Dict:
+def run_child(script: str, args: List[str], timeout: float, tree: Optional[str] = None) -> Dict:
     """Run ``script --child ...`` in a fresh process; its last output line is JSON (or an error).
+    ``tree``: a source tree the child imports dali_shards from (an earlier version), not this one.
 
     The child gets a temporary directory of its own (``TMPDIR``), removed when it ends: a child
     exits at once (``os._exit``), without the clean-up that would remove what it and its loaders'
     worker processes left there."""
     cmd = [sys.executable, script, *args]
     tmp = tempfile.mkdtemp(prefix="dali-shards-bench-")
-    env = {**os.environ, "TMPDIR": tmp, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    path = [HERE, *([os.path.abspath(tree)] if tree else []), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "TMPDIR": tmp, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     try:
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -248,6 +250,8 @@ def child_main(argv: Optional[List[str]] = None) -> None:
             result = measure_throughput(args.loader, cfg, args.epochs)
     except NotImplementedError as exc:
         result = {"not_applicable": str(exc)}
+    if "dali_shards" in sys.modules:  # which tree was measured (see run_child's tree)
+        result["dali_shards_from"] = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["dali_shards"].__file__)))
     print(json.dumps(result), flush=True)
     exit_now()
 

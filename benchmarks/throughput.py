@@ -11,7 +11,8 @@ batch (from the pipeline's construction), the main process's CPU per step (all i
 its main thread alone), peak memory (PSS of the process and its workers) and the shared memory
 the main process maps. Prints a table and writes JSON. (``compare.py`` adds webdataset +
 DataLoader, DALI Proxy and an audit; ``--map-cost`` adds what ``map=`` costs, see ``map_cost.py``;
-``--image-check-cost`` the worker-side image check's.)
+``--image-check-cost`` the worker-side image check's; ``--baseline TREE`` the ring of an earlier
+version, in the same rounds: a before/after that this VM's drift between two runs cannot skew.)
 
     python benchmarks/throughput.py --samples 8192 --batch-size 256 --workers 1,2,4,8
 """
@@ -24,7 +25,7 @@ import os
 import platform
 import statistics
 import sys
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -38,14 +39,19 @@ FIGURES = ("samples_per_s", "first_batch_s", "main_process_cpu_ms_per_step", "ma
            "peak_memory_mb", "shared_memory_mb")  # fmt: skip
 
 
+BASELINE = "ring@baseline"  # the ring as an earlier source tree has it (--baseline)
+
+
 class Run(NamedTuple):
-    """One configuration: its label, the harness's loader, options, mode and workers."""
+    """One configuration: its label, the harness's loader, options, mode and workers; ``tree``: the
+    source tree it imports dali_shards from (None: this one)."""
 
     label: str
     loader: str
     options: Dict
     mode: str
     workers: int
+    tree: Optional[str] = None
 
 
 def configurations(args) -> List[Run]:
@@ -55,6 +61,8 @@ def configurations(args) -> List[Run]:
         counts = args.workers if mode in WORKER_MODES else [args.decode_workers]
         for n in counts:
             runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in args.transfers.split(",")]
+            if args.baseline:
+                runs.append(Run(BASELINE, "dali_shards", {"transfer": "ring"}, mode, n, args.baseline))
         runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
         runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
         if args.image_check_cost:
@@ -69,7 +77,7 @@ def measure(args, run: Run) -> Dict:
            str(args.epochs)]  # fmt: skip
     if args.device_id is not None:
         cmd += ["--device-id", str(args.device_id)]
-    result = run_child(os.path.abspath(__file__), cmd, timeout=1800)
+    result = run_child(os.path.abspath(__file__), cmd, timeout=1800, tree=run.tree)
     if "error" in result:
         raise SystemExit(f"{run} failed: {result['error']}")
     print(f"  {run.mode:6} {run.label:24} {run.workers} workers: {result['samples_per_s']:9.0f} samples/s", flush=True)
@@ -89,6 +97,7 @@ def measure_all(args, runs: List[Run]) -> Dict[Tuple[str, str, int], Dict]:
         figures = {k: statistics.median(x[k] for x in results) for k in FIGURES if k != "peak_memory_mb"}
         figures["peak_memory_mb"] = max(x["peak_memory_mb"] for x in results)
         figures["rounds"] = [x["samples_per_s"] for x in results]
+        figures["dali_shards_from"] = sorted({x["dali_shards_from"] for x in results if "dali_shards_from" in x})
         out[(run.mode, run.label, run.workers)] = figures
     return out
 
@@ -105,6 +114,8 @@ def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, floa
             out[f"{m}_ring_vs_native_{n}_workers"] = ring / native
         if n != 2 and ring and rate(m, "ring", 2):  # the ring's scaling over workers (16 share a batch of 256)
             out[f"{m}_ring_{n}_vs_2_workers"] = ring / rate(m, "ring", 2)
+        if ring and rate(m, BASELINE, n):
+            out[f"{m}_ring_vs_baseline_{n}_workers"] = ring / rate(m, BASELINE, n)
     d = args.decode_workers
     for label in TRANSFERS:
         if rate("decode", label, d) and rate("decode", "native_webdataset", d):
@@ -150,6 +161,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     ap.add_argument("--map-cost", action="store_true", help="also measure map= (identity and JSON -> arrays)")
     ap.add_argument("--image-check-cost", action="store_true", help=f"also measure '{CHECK_OFF}'")
+    ap.add_argument("--baseline", default=None, help="a source tree of an earlier version (e.g. from git archive): its "
+                    f"ring measured as '{BASELINE}' in the same rounds, at every worker count of --workers")  # fmt: skip
     args = ap.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
     if any(args.samples % (512 * w) for w in args.workers + [args.decode_workers]):

@@ -105,18 +105,12 @@ class LocalFiles:
     def read_into(self, url: str, path: str, span: Tuple[int, int], size: Optional[int], out: Any) -> int:
         """Read bytes ``span`` of the file at ``path`` into ``out`` (a writable buffer of the span's
         length); the bytes read (fewer only where the file ends sooner)."""
-        f = self._file(url, path, span, size)
+        fd = self._file(url, path, span, size).fileno()
         lo, hi = span
-        view, got = memoryview(out).cast("B"), 0
         try:
-            while got < hi - lo:
-                n = os.preadv(f.fileno(), [view[got:]], lo + got)
-                if not n:
-                    break
-                got += n
+            return self._read_whole(fd, memoryview(out).cast("B"), lo, hi, 0)
         except OSError as exc:
-            raise ShardAccessError(url, f"read error at byte {lo + got}: {exc}", hint="check the file system") from None
-        return got
+            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint="check the file system") from None
 
     def read_runs(self, url: str, path: str, size: Optional[int], runs: Sequence[Tuple[int, int, int]], out: Any) -> bool:
         """Read each run ``(lo, hi, at)``: bytes ``[lo, hi)`` of the file at ``path`` (shard
@@ -128,15 +122,16 @@ class LocalFiles:
         view, preadv = memoryview(out).cast("B"), os.preadv
         try:
             for lo, hi, at in runs:
-                if preadv(fd, [view[at : at + hi - lo]], lo) != hi - lo and self._rest(fd, view, lo, hi, at) != hi - lo:
+                if preadv(fd, [view[at : at + hi - lo]], lo) != hi - lo and self._read_whole(fd, view, lo, hi, at) != hi - lo:
                     return False
         except OSError as exc:
             raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint="check the file system") from None
         return True
 
     @staticmethod
-    def _rest(fd: int, view: memoryview, lo: int, hi: int, at: int) -> int:
-        """Bytes ``[lo, hi)`` read again until whole or the file ends (a read may return less); how many."""
+    def _read_whole(fd: int, view: memoryview, lo: int, hi: int, at: int) -> int:
+        """Bytes ``[lo, hi)`` of ``fd`` into ``view[at:]``, read on until whole or the file ends (a
+        read may return less); how many."""
         got = 0
         while got < hi - lo:
             n = os.preadv(fd, [view[at + got : at + hi - lo]], lo + got)

@@ -83,6 +83,29 @@ def test_a_changed_or_missing_file_is_named(shards, tmp_path):
     files.close()
 
 
+def test_runs_land_where_asked_in_any_order_and_a_file_shorter_than_counted_is_no_whole_read(shards, tmp_path):
+    paths, offsets = shards
+    path, offs = paths[3], offsets[3]
+    raw = np.fromfile(path, dtype=np.uint8)
+    spans = [(int(offs[i]), int(offs[i + 1])) for i in (4, 0, 7, 1)]  # out of file order
+    ats = np.cumsum([0] + [hi - lo + 100 for lo, hi in spans])[:-1].tolist()
+    out = np.zeros(ats[-1] + spans[-1][1] - spans[-1][0], dtype=np.uint8)
+    files = LocalFiles()
+    assert files.read_runs(path, path, os.path.getsize(path), [(lo, hi, at) for (lo, hi), at in zip(spans, ats)], out)
+    for (lo, hi), at in zip(spans, ats):
+        assert (out[at : at + hi - lo] == raw[lo:hi]).all()
+    assert files.read_runs(path, path, None, [], out)
+    with pytest.raises(ShardFormatError, match="beyond the end"):
+        files.read_runs(path, path, None, [(0, len(raw) + 512, 0)], np.zeros(len(raw) + 512, np.uint8))
+    short = str(tmp_path / "short.tar")
+    with open(short, "wb") as f:
+        f.write(raw.tobytes())
+    files.read_runs(short, short, None, [(0, 512, 0)], out)  # opened, its size noted
+    os.truncate(short, int(offs[2]))  # then cut short
+    assert not files.read_runs(short, short, None, [(int(offs[1]), int(offs[3]), 0)], out)
+    files.close()
+
+
 def test_the_writer_the_index_and_the_scan_agree_on_offsets(tmp_path):
     """Where each sample begins, as written (``TarShardFile``), indexed (``dali-shards index``) and
     scanned at start, long names (GNU headers before a member) and a metadata member included."""

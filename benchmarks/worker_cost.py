@@ -7,11 +7,11 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
 (each function's own time, by module):
 
 - read: the system calls that bring the bytes (``pread``/``preadv``/``read``/``readinto``);
-- parse: the tar headers (``tar/format.py``, ``tar/header.py``, ``tar/spans.py``,
-  ``io/positioned.py``);
+- parse: the tar headers and where the fields lie (``tar/``, ``io/positioned.py``,
+  ``worker/located.py``);
 - check: the image check (``worker/imagecheck.py``);
-- pack: fields to a packed sample (``shm/packing.py`` but the table, ``slots.py``, ``stage.py``,
-  ``decoders.py``, ``outputs.py``);
+- pack: fields to a packed sample (``shm/packing.py`` but the table, ``shm/packed.py``,
+  ``worker/stage.py``, ``worker/decoders.py``, ``worker/outputs.py``);
 - hand-over: the mini-batch's table written into the slot (``Packing.table_array``);
 - plan and order: everything else (the worker source, the reading loop, NumPy and Python built-ins
   called from the stages above).
@@ -43,13 +43,15 @@ sys.path.insert(0, HERE)
 
 STAGES = ("read", "parse", "check", "pack", "hand-over", "plan and order")
 _READS = ("preadv", "pread", "'read' of", "'readinto' of")
-_PARSE = ("tarformat.py", "tarheader.py", "spanparse.py", "positioned.py", "tarblocks.py")
-_PACK = ("packing.py", "slots.py", "stage.py", "decoders.py", "outputs.py")
+_PARSE = ("tar/format.py", "tar/header.py", "tar/spans.py", "tar/members.py", "io/positioned.py", "tar/blocks.py",
+          "worker/located.py")  # fmt: skip
+_PACK = ("shm/packing.py", "shm/packed.py", "worker/stage.py", "worker/decoders.py", "worker/outputs.py")
 
 
 def stage_of(filename: str, function: str) -> str:
     """The stage a profiled function's own time belongs to (see the module)."""
-    if function in ("table_array", "table_size") or filename.endswith("tables.py"):
+    filename = filename.replace(os.sep, "/")
+    if function in ("table_array", "table_size") or filename.endswith("shm/tables.py"):
         return "hand-over"
     if filename == "~" and any(r in function for r in _READS):
         return "read"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -209,6 +210,8 @@ def test_throughput_benchmark_runs(tmp_path):
     result = tmp_path / "throughput.json"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    tree = tmp_path / "tree"  # an "earlier version" for --baseline: a copy of the package
+    shutil.copytree(os.path.join(ROOT, "dali_shards"), tree / "dali_shards")
     out = run(
         [
             sys.executable,
@@ -229,6 +232,8 @@ def test_throughput_benchmark_runs(tmp_path):
             str(tmp_path / "data"),
             "--out",
             str(result),
+            "--baseline",
+            str(tree),
         ],
         600,
         env={**os.environ, "TMPDIR": str(tmp)},
@@ -237,9 +242,12 @@ def test_throughput_benchmark_runs(tmp_path):
     report = json.loads(result.read_text())
     runs = {(r["loader"], r["workers"]): r for r in report["results"]}
     assert set(runs) == {("ring", 1), ("merge", 1), ("ring", 2), ("merge", 2), ("native_webdataset", 1),
-                         ("plain_4892", 2)}  # fmt: skip
+                         ("plain_4892", 2), ("ring@baseline", 1), ("ring@baseline", 2)}  # fmt: skip
     assert all(r["samples_per_s"] > 0 and r["main_process_cpu_ms_per_step"] > 0 for r in runs.values())
-    assert "bytes_ring_vs_merge_2_workers" in report["ratios"]
+    assert "bytes_ring_vs_merge_2_workers" in report["ratios"] and "bytes_ring_vs_baseline_2_workers" in report["ratios"]
+    # the baseline's runs imported the package from its tree, the others from this one
+    assert {tuple(r["dali_shards_from"]) for k, r in runs.items() if k[0] == "ring@baseline"} == {(str(tree),)}
+    assert all(r["dali_shards_from"] != [str(tree)] for k, r in runs.items() if k[0] != "ring@baseline")
     assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 
@@ -314,3 +322,23 @@ def test_scale_benchmark_runs_and_meets_its_targets_on_small_cases(tmp_path):
     results = json.loads((tmp_path / "scale.json").read_text())["results"]
     assert set(results) == set(cases.split(",")) and not any("error" in r for r in results.values()), results
     assert results["readers-2000"]["readers_per_shard"] <= 9.0 and results["readers-20000"]["readers_per_shard"] <= 2.0
+
+
+def test_worker_cost_stages_name_modules_that_exist():
+    """worker_cost.py splits a profile into stages by module path: a renamed module must not fall
+    silently into 'plan and order'."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import worker_cost
+    finally:
+        sys.path.pop(0)
+    for suffix in worker_cost._PARSE + worker_cost._PACK:
+        assert os.path.exists(os.path.join(ROOT, "dali_shards", suffix)), suffix
+    package = os.path.join(ROOT, "dali_shards")
+    assert worker_cost.stage_of(os.path.join(package, "tar", "blocks.py"), "parse_round") == "parse"
+    assert worker_cost.stage_of(os.path.join(package, "worker", "located.py"), "locate") == "parse"
+    assert worker_cost.stage_of(os.path.join(package, "worker", "imagecheck.py"), "_jpegs_ok") == "check"
+    assert worker_cost.stage_of(os.path.join(package, "shm", "packing.py"), "pack") == "pack"
+    assert worker_cost.stage_of(os.path.join(package, "shm", "tables.py"), "write") == "hand-over"
+    assert worker_cost.stage_of("~", "<built-in method posix.preadv>") == "read"
+    assert worker_cost.stage_of(os.path.join(package, "worker", "direct.py"), "__next__") == "plan and order"

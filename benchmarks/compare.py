@@ -12,7 +12,7 @@ Loaders (see ``loaders.py``): dali_shards; DALI's native ``fn.readers.webdataset
 
 Writes ``results/compare.json``, ``results/compare.md`` and ``results/compare.png``.
 
-    python benchmarks/compare.py                 # about 30 minutes on 2 CPUs
+    python benchmarks/compare.py                 # about 35 minutes on 2 CPUs
     python benchmarks/compare.py --quick         # a small smoke run
 """
 
@@ -127,7 +127,8 @@ def measure_scaling(args, loaders, counts):
             print(f"scaling round {round_} {name} with {w} workers ...", flush=True)
             extra = dict(workers=w, samples=args.scaling_samples, epochs=args.scaling_epochs, per_shard=per_shard,
                          batch_size=max(w, args.batch_size // w * w))  # fmt: skip
-            runs[(name, w)].append(run_child(__file__, child_args(args, "throughput", name, "augment", **extra), args.timeout))
+            cmd = child_args(args, "throughput", name, "augment", **extra)
+            runs[(name, w)].append(run_child(__file__, cmd, args.timeout))
     return {name: {str(w): _median_run(runs[(name, w)]) for w in counts} for name in loaders}
 
 

@@ -251,7 +251,8 @@ def child_main(argv: Optional[List[str]] = None) -> None:
     except NotImplementedError as exc:
         result = {"not_applicable": str(exc)}
     if "dali_shards" in sys.modules:  # which tree was measured (see run_child's tree)
-        result["dali_shards_from"] = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["dali_shards"].__file__)))
+        package = os.path.abspath(sys.modules["dali_shards"].__file__ or "")
+        result["dali_shards_from"] = os.path.dirname(os.path.dirname(package))
     print(json.dumps(result), flush=True)
     exit_now()
 

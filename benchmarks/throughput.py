@@ -61,7 +61,7 @@ def configurations(args) -> List[Run]:
         counts = args.workers if mode in WORKER_MODES else [args.decode_workers]
         for n in counts:
             runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in args.transfers.split(",")]
-            if args.baseline:
+            if args.baseline and mode in WORKER_MODES:
                 runs.append(Run(BASELINE, "dali_shards", {"transfer": "ring"}, mode, n, args.baseline))
         runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
         runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
@@ -114,8 +114,10 @@ def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, floa
             out[f"{m}_ring_vs_native_{n}_workers"] = ring / native
         if n != 2 and ring and rate(m, "ring", 2):  # the ring's scaling over workers (16 share a batch of 256)
             out[f"{m}_ring_{n}_vs_2_workers"] = ring / rate(m, "ring", 2)
-        if ring and rate(m, BASELINE, n):
+        if ring and rate(m, BASELINE, n):  # the ratio of medians, and the median of each round's ratio
             out[f"{m}_ring_vs_baseline_{n}_workers"] = ring / rate(m, BASELINE, n)
+            pairs = zip(results[(m, "ring", n)]["rounds"], results[(m, BASELINE, n)]["rounds"])
+            out[f"{m}_ring_vs_baseline_{n}_workers_per_round"] = statistics.median(a / b for a, b in pairs)
     d = args.decode_workers
     for label in TRANSFERS:
         if rate("decode", label, d) and rate("decode", "native_webdataset", d):
@@ -162,7 +164,8 @@ def main(argv=None):
     ap.add_argument("--map-cost", action="store_true", help="also measure map= (identity and JSON -> arrays)")
     ap.add_argument("--image-check-cost", action="store_true", help=f"also measure '{CHECK_OFF}'")
     ap.add_argument("--baseline", default=None, help="a source tree of an earlier version (e.g. from git archive): its "
-                    f"ring measured as '{BASELINE}' in the same rounds, at every worker count of --workers")  # fmt: skip
+                    f"ring measured as '{BASELINE}' in the same rounds, in the modes measured at every worker count "
+                    "of --workers")  # fmt: skip
     args = ap.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
     if any(args.samples % (512 * w) for w in args.workers + [args.decode_workers]):

@@ -7,8 +7,8 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
 (each function's own time, by module):
 
 - read: the system calls that bring the bytes (``pread``/``preadv``/``read``/``readinto``);
-- parse: the tar headers and where the fields lie (``tar/``, ``io/positioned.py``,
-  ``worker/located.py``);
+- parse: the tar headers and where the fields lie (``tar/`` but the header-only scan,
+  ``io/positioned.py``, ``worker/located.py``);
 - check: the image check (``worker/imagecheck.py``);
 - pack: fields to a packed sample (``shm/packing.py`` but the table, ``shm/packed.py``,
   ``worker/stage.py``, ``worker/decoders.py``, ``worker/outputs.py``);
@@ -170,8 +170,12 @@ def main(argv=None):
     mode = "interleaved" if result["interleaving"] else "contiguous"
     out = args.out or os.path.join(HERE, "results", f"worker_cost_{mode}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    import dali_shards  # which tree was measured (an earlier one through PYTHONPATH, for a before/after)
+
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(dali_shards.__file__)))
     with open(out, "w") as f:
-        json.dump({"config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
+        json.dump({"dali_shards_from": tree,
+                   "config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
                    "cases": {str(k): v for k, v in cases.items()}}, f, indent=1)  # fmt: skip
     print(f"wrote {out}")
 

@@ -24,6 +24,7 @@ from dali_shards.tar.members import Destination, RawSample
 
 MAX_OPEN = 256  # local shard files a worker keeps open (fewer if the process's file limit is low)
 _STALE_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
+_READ_HINT = "check the file system"
 _DAMAGED_HINT = (
     "the shard is damaged there, or changed after it was indexed: check it with `dali-shards inspect`, then "
     "re-create it or rebuild its manifest (dali-shards index)"
@@ -110,29 +111,32 @@ class LocalFiles:
         try:
             return self._read_whole(fd, memoryview(out).cast("B"), lo, hi, 0)
         except OSError as exc:
-            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint="check the file system") from None
+            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint=_READ_HINT) from None
 
-    def read_runs(self, url: str, path: str, size: Optional[int], runs: Sequence[Tuple[int, int, int]], out: Any) -> bool:
+    def read_runs(self, url: str, path: str, size: Optional[int], runs: Sequence[Tuple[int, int, int]],
+                  out: Any) -> bool:  # fmt: skip
         """Read each run ``(lo, hi, at)``: bytes ``[lo, hi)`` of the file at ``path`` (shard
         ``url``) into ``out[at : at + hi - lo]``; whether every run was read whole (False where the
-        file ends sooner). Runs are checked against the file as ``read_into`` checks a span."""
+        file ends sooner, or ``out`` does). Runs are checked against the file as ``read_into``
+        checks a span."""
         if not runs:
             return True
-        fd = self._file(url, path, (min(r[0] for r in runs), max(r[1] for r in runs)), size).fileno()
+        far = max(runs, key=lambda run: run[1])
+        fd = self._file(url, path, (far[0], far[1]), size).fileno()
         view, preadv = memoryview(out).cast("B"), os.preadv
         try:
             for lo, hi, at in runs:
-                if preadv(fd, [view[at : at + hi - lo]], lo) != hi - lo and self._read_whole(fd, view, lo, hi, at) != hi - lo:
+                got = preadv(fd, [view[at : at + hi - lo]], lo)
+                if got != hi - lo and self._read_whole(fd, view, lo, hi, at, got) != hi - lo:
                     return False
         except OSError as exc:
-            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint="check the file system") from None
+            raise ShardAccessError(url, f"read error in bytes {lo}-{hi - 1}: {exc}", hint=_READ_HINT) from None
         return True
 
     @staticmethod
-    def _read_whole(fd: int, view: memoryview, lo: int, hi: int, at: int) -> int:
-        """Bytes ``[lo, hi)`` of ``fd`` into ``view[at:]``, read on until whole or the file ends (a
-        read may return less); how many."""
-        got = 0
+    def _read_whole(fd: int, view: memoryview, lo: int, hi: int, at: int, got: int = 0) -> int:
+        """Bytes ``[lo, hi)`` of ``fd`` into ``view[at:]``, the first ``got`` already there, read on
+        until whole or the file ends (a read may return less); how many there are."""
         while got < hi - lo:
             n = os.preadv(fd, [view[at + got : at + hi - lo]], lo + got)
             if not n:

@@ -92,7 +92,8 @@ def byte_sums(blocks: np.ndarray) -> np.ndarray:
     words = np.ascontiguousarray(blocks).view(np.uint64)
     lanes = ((words & _LANES) + ((words >> np.uint64(8)) & _LANES)).sum(axis=1, dtype=np.uint64)
     mask = np.uint64(0xFFFF)
-    total = (lanes & mask) + ((lanes >> np.uint64(16)) & mask) + ((lanes >> np.uint64(32)) & mask) + (lanes >> np.uint64(48))
+    total = (lanes & mask) + ((lanes >> np.uint64(16)) & mask)
+    total += ((lanes >> np.uint64(32)) & mask) + (lanes >> np.uint64(48))
     return total.astype(np.int64)
 
 
@@ -111,7 +112,7 @@ def parse_round(buf: np.ndarray, headers: np.ndarray) -> tuple:
     name = blocks[:, :100]
     zero = name == 0
     nul = np.where(zero.any(axis=1), zero.argmax(axis=1), 100)
-    width = max(1, int(nul.max()) if len(nul) else 1)  # past it, every name is NUL padding
+    width = int(nul.max(initial=1))  # no column past it lies inside a name
     used, cols = name[:, :width], _COLS[:width]
     inside = cols < nul[:, None]
     slashes = (used == 47) & inside

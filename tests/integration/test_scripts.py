@@ -324,14 +324,12 @@ def test_scale_benchmark_runs_and_meets_its_targets_on_small_cases(tmp_path):
     assert results["readers-2000"]["readers_per_shard"] <= 9.0 and results["readers-20000"]["readers_per_shard"] <= 2.0
 
 
-def test_worker_cost_stages_name_modules_that_exist():
+def test_worker_cost_stages_name_modules_that_exist(monkeypatch):
     """worker_cost.py splits a profile into stages by module path: a renamed module must not fall
     silently into 'plan and order'."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import worker_cost
-    finally:
-        sys.path.pop(0)
+    monkeypatch.setattr(sys, "path", [os.path.join(ROOT, "benchmarks"), *sys.path])  # (restored after)
+    monkeypatch.delitem(sys.modules, "worker_cost", raising=False)
+    import worker_cost
     for suffix in worker_cost._PARSE + worker_cost._PACK:
         assert os.path.exists(os.path.join(ROOT, "dali_shards", suffix)), suffix
     package = os.path.join(ROOT, "dali_shards")

@@ -28,7 +28,7 @@ from collections import Counter
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import bench_dir, child_main, run_child  # noqa: E402
+from harness import bench_dir, child_main, interleaved, run_child  # noqa: E402
 
 LABELS = {
     "dali_shards": "dali_shards",
@@ -120,15 +120,15 @@ def measure_scaling(args, loaders, counts):
     per_shard = args.scaling_samples // 16
     build_bench_shards(bench_dir(args.data_dir, args.scaling_samples, per_shard), num_samples=args.scaling_samples,
                        samples_per_shard=per_shard)  # fmt: skip
+    def one(round_, cell):
+        name, w = cell
+        print(f"scaling round {round_} {name} with {w} workers ...", flush=True)
+        extra = dict(workers=w, samples=args.scaling_samples, epochs=args.scaling_epochs, per_shard=per_shard,
+                     batch_size=max(w, args.batch_size // w * w))  # fmt: skip
+        return run_child(__file__, child_args(args, "throughput", name, "augment", **extra), args.timeout)
+
     cells = [(name, w) for name in loaders for w in counts]
-    runs = {cell: [] for cell in cells}
-    for round_ in range(args.scaling_rounds):
-        for name, w in cells if round_ % 2 == 0 else cells[::-1]:
-            print(f"scaling round {round_} {name} with {w} workers ...", flush=True)
-            extra = dict(workers=w, samples=args.scaling_samples, epochs=args.scaling_epochs, per_shard=per_shard,
-                         batch_size=max(w, args.batch_size // w * w))  # fmt: skip
-            cmd = child_args(args, "throughput", name, "augment", **extra)
-            runs[(name, w)].append(run_child(__file__, cmd, args.timeout))
+    runs = dict(zip(cells, interleaved(cells, args.scaling_rounds, one)))
     return {name: {str(w): _median_run(runs[(name, w)]) for w in counts} for name in loaders}
 
 

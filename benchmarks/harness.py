@@ -12,7 +12,9 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -164,6 +166,25 @@ def measure_audit(loader_name: str, cfg, epochs: int = 2) -> dict:
     return result
 
 
+def interleaved(cells: Sequence[T], rounds: int, measure: Callable[[int, T], Dict]) -> List[List[Dict]]:
+    """``measure(round, cell)`` of every cell once per round, odd rounds in reverse order (so that
+    machine noise and drift hit every cell alike); each cell's results, in round order."""
+    got: List[List[Dict]] = [[] for _ in cells]
+    order = list(range(len(cells)))
+    for r in range(rounds):
+        for i in order if r % 2 == 0 else order[::-1]:
+            got[i].append(measure(r, cells[i]))
+    return got
+
+
+def package_tree() -> str:
+    """The source tree this process imported dali_shards from (another through ``PYTHONPATH``:
+    ``run_child``'s ``tree``)."""
+    import dali_shards
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(dali_shards.__file__ or "")))
+
+
 def run_child(script: str, args: List[str], timeout: float, tree: Optional[str] = None) -> Dict:
     """Run ``script --child ...`` in a fresh process; its last output line is JSON (or an error).
     ``tree``: a source tree the child imports dali_shards from (an earlier version), not this one.
@@ -251,8 +272,7 @@ def child_main(argv: Optional[List[str]] = None) -> None:
     except NotImplementedError as exc:
         result = {"not_applicable": str(exc)}
     if "dali_shards" in sys.modules:  # which tree was measured (see run_child's tree)
-        package = os.path.abspath(sys.modules["dali_shards"].__file__ or "")
-        result["dali_shards_from"] = os.path.dirname(os.path.dirname(package))
+        result["dali_shards_from"] = package_tree()
     print(json.dumps(result), flush=True)
     exit_now()
 

@@ -30,7 +30,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import bench_dir, child_main, run_child  # noqa: E402
+from harness import bench_dir, child_main, interleaved, run_child  # noqa: E402
 
 TRANSFERS = ("ring", "merge")
 WORKER_MODES = ("bytes", "peek")  # measured at every worker count of --workers
@@ -86,12 +86,12 @@ def measure(args, run: Run) -> Dict:
 
 def measure_all(args, runs: List[Run]) -> Dict[Tuple[str, str, int], Dict]:
     """Every configuration in interleaved rounds (odd rounds in reverse order); medians."""
-    got: List[List[Dict]] = [[] for _ in runs]
-    order = list(range(len(runs)))
-    for r in range(args.rounds):
-        print(f"round {r + 1} of {args.rounds}", flush=True)
-        for i in order if r % 2 == 0 else order[::-1]:
-            got[i].append(measure(args, runs[i]))
+    def one(r: int, run: Run) -> Dict:
+        if run is runs[0 if r % 2 == 0 else -1]:
+            print(f"round {r + 1} of {args.rounds}", flush=True)
+        return measure(args, run)
+
+    got = interleaved(runs, args.rounds, one)
     out = {}
     for run, results in zip(runs, got):
         figures = {k: statistics.median(x[k] for x in results) for k in FIGURES if k != "peak_memory_mb"}

@@ -170,11 +170,10 @@ def main(argv=None):
     mode = "interleaved" if result["interleaving"] else "contiguous"
     out = args.out or os.path.join(HERE, "results", f"worker_cost_{mode}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    import dali_shards  # which tree was measured (an earlier one through PYTHONPATH, for a before/after)
+    from harness import package_tree  # which tree was measured (an earlier one through PYTHONPATH: a before/after)
 
-    tree = os.path.dirname(os.path.dirname(os.path.abspath(dali_shards.__file__)))
     with open(out, "w") as f:
-        json.dump({"dali_shards_from": tree,
+        json.dump({"dali_shards_from": package_tree(),
                    "config": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir")},
                    "cases": {str(k): v for k, v in cases.items()}}, f, indent=1)  # fmt: skip
     print(f"wrote {out}")

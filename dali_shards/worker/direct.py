@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from dali_shards.worker.grouped import GroupedStep, StepGroup
+from dali_shards.worker.grouped import GroupedStep, StepGroup, first_seen
 from dali_shards.worker.located import NotDirect, aligned, excluded, layout, locate, offset_columns, read_spans
 from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed
 from dali_shards.shm.packed import table_rows
@@ -95,21 +95,21 @@ class DirectBatches:
         places, valid = self.step(step)
         return DirectStep(self, places, valid)
 
-    def step(self, step: int) -> Tuple[List[int], List[bool]]:
+    def step(self, step: int) -> Tuple[np.ndarray, np.ndarray]:
         """The places (in the reading order) of step ``step``'s samples, and which are valid."""
         m = self.plan.spec.mini_batch
-        return self.places[step * m : (step + 1) * m].tolist(), self.valid[step * m : (step + 1) * m].tolist()
+        return self.places[step * m : (step + 1) * m], self.valid[step * m : (step + 1) * m]
 
 
 class DirectStep:
     """One step's table, written into a slot by ``write`` (see the module). ``capacity`` bounds what
     the fast path writes; the general way may need more (``Grow``: ask again with a larger slot)."""
 
-    def __init__(self, epoch: DirectBatches, places: Sequence[int], valid: Sequence[bool]):
+    def __init__(self, epoch: DirectBatches, places: np.ndarray, valid: np.ndarray):
         self.epoch, self.reading, self.good = epoch, epoch.reading, epoch.good
-        self.places, self.valid = list(places), list(valid)
+        self.places, self.valid = places, valid
         self.packing = self.reading.cfg.packing
-        self.unique = np.array(list(dict.fromkeys(self.places)), dtype=np.int64)  # padding repeats the last sample
+        self.unique, _, self.which = first_seen(places[None, :])  # padding repeats the last sample
         self.rows_bytes = len(self.places) * self.packing.header_bytes
         self.spans = epoch.spans[self.unique]
         lengths = self.spans[:, 1] - self.spans[:, 0]
@@ -142,9 +142,8 @@ class DirectStep:
         read_spans(self.reading, self.unique, self.spans, out, self.starts)
         ends = self.starts + (self.spans[:, 1] - self.spans[:, 0])
         fields = locate(self.reading, self.epoch.index[self.unique], self.unique, out, self.starts, ends)
-        at = {k: u for u, k in enumerate(self.unique.tolist())}
         rows = table_rows(out, len(self.places), self.packing.header_columns)
-        which = np.array([at[k] for k in self.places])
+        which = self.which
         rows[:, INDEX_COLUMN] = self.epoch.index[self.unique][which]
         rows[:, VALID_COLUMN] = np.where(self.valid, STATUS_VALID, STATUS_PADDING)
         for column, values in fields:
@@ -159,7 +158,7 @@ class DirectStep:
         unique = self.unique.tolist()
         items: Dict[int, Any] = {k: self.reading.item(k) for k in unique}
         out, good = [], None
-        for k, valid in zip(self.places, self.valid):
+        for k, valid in zip(self.places.tolist(), self.valid.tolist()):
             item = items[k]
             if isinstance(item, Skipped):
                 stand_in = good or self.good.sample(items[j] for j in unique)

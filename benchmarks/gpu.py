@@ -62,11 +62,14 @@ def measure(args, run: Run) -> Dict:
 
 
 def measure_all(args, runs: List[Run]) -> Dict[Run, Dict]:
-    """Every configuration in interleaved rounds (odd rounds reversed); the median round of each."""
+    """Every configuration in interleaved rounds (odd rounds reversed); the median round of each.
+    The merge transfer (kept for comparison, no target) runs in the first ``--merge-rounds`` only."""
     got: Dict[Run, List[Dict]] = {r: [] for r in runs}
+    merge_rounds = args.rounds if args.merge_rounds is None else args.merge_rounds
     for round_ in range(args.rounds):
         for run in runs if round_ % 2 == 0 else runs[::-1]:
-            got[run].append(measure(args, run))
+            if run.transfer != "merge" or round_ < merge_rounds:
+                got[run].append(measure(args, run))
     out = {}
     for run, results in got.items():
         good = sorted((r for r in results if "samples_per_s" in r), key=lambda r: r["samples_per_s"])
@@ -108,7 +111,7 @@ def markdown(report) -> str:
         f"{v['device']}, driver {v['driver']}, CUDA {v['cuda_driver']} (PyTorch {v['torch']}, CUDA {v['cuda_torch']}), "
         f"DALI {v['dali']}, {v['cpus']} CPUs. {cfg['samples']} JPEGs ({report['data']['mean_kb_per_sample']:.0f} KB, "
         f"~500x375) in {report['data']['shards']} shards; batch {cfg['batch_size']}, {cfg['threads']} DALI threads; "
-        f"median of {cfg['rounds']} interleaved round(s), each run in its own process.",
+        f"median of {cfg['rounds']} interleaved round(s) (of two, the lower), each run in its own process.",
         "",
         "Mixed decode + random-resized-crop 224, flip, normalize, FP16 (images/s; ratio to the native reader "
         "measured beside it):",
@@ -129,7 +132,22 @@ def markdown(report) -> str:
         lines.append(f"| {n} | {_num(rate)} | {_ratio(rate, first)} |")
     native = res.get(("bytes", "native", cfg["workers"][0]), {}).get("samples_per_s")
     lines.append(f"\nDALI's native reader, bytes only: {_num(native)} samples/s.")
+    lines += ["", f"CPU per step of {cfg['batch_size']}, mixed decode (ms, over the timed epochs): the main thread (the loop and our "
+              "hand-off), the process's other threads (DALI's), the Python workers (ours):", "",
+              "| Python workers | loader | main thread | other threads | workers | in all |",
+              "| ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for n in cfg["workers"]:
+        for label in (*TRANSFERS, "native"):
+            lines.append(_cpu_row(n, label, res.get(("augment16", label, n), {})))
     return "\n".join(lines) + "\n"
+
+
+def _cpu_row(n, label, r) -> str:
+    if "main_process_cpu_ms_per_step" not in r:
+        return f"| {n} | {label} | - | - | - | - |"
+    main, process = r["main_thread_cpu_ms_per_step"], r["main_process_cpu_ms_per_step"]
+    workers = r.get("workers_cpu_ms_per_step", 0.0)
+    return f"| {n} | {label} | {main:.1f} | {process - main:.1f} | {workers:.1f} | {process + workers:.1f} |"
 
 
 def _row(n, label, r, native) -> str:
@@ -159,6 +177,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=8, help="DALI num_threads, every loader")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run (after a warm-up epoch)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--merge-rounds", type=int, default=None, help="rounds that measure merge (default: --rounds)")
+    ap.add_argument("--data-only", action="store_true", help="build the benchmark shards and exit")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results", "gpu"))
@@ -170,6 +190,8 @@ def main(argv=None):
                                 samples_per_shard=args.per_shard, quality=args.quality)  # fmt: skip
     mean_kb = sum(os.path.getsize(p) for p in shards) / args.samples / 1024
     print(f"{args.samples} JPEGs, {mean_kb:.0f} KB on average, in {len(shards)} shards", flush=True)
+    if args.data_only:
+        return {"shards": shards}
     results = measure_all(args, configurations(workers))
     report = {
         "versions": versions(args.device_id),

@@ -104,7 +104,7 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         for ids in batches:  # the rest of the warm-up epoch
             count += len(ids)
         rates, steps = [], 0
-        cpu0, thread0 = time.process_time(), time.thread_time()
+        cpu0, thread0, workers0 = time.process_time(), time.thread_time(), children_cpu_s()
         for _ in range(epochs):
             t0 = time.perf_counter()
             n = 0
@@ -113,6 +113,7 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
                 steps += 1
             rates.append(n / (time.perf_counter() - t0))
         cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
+        workers = children_cpu_s() - workers0
         shared = shared_memory_mb()
         if hasattr(loader, "close"):
             loader.close()
@@ -127,8 +128,24 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         **({"peak_gpu_memory_mb": memory.gpu.peak / 2**20} if memory.gpu is not None else {}),
         "main_process_cpu_ms_per_step": 1000 * cpu / max(1, steps),
         "main_thread_cpu_ms_per_step": 1000 * thread / max(1, steps),
+        "workers_cpu_ms_per_step": 1000 * workers / max(1, steps),
         "shared_memory_mb": shared,
     }
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) spent so far by this process's live child processes (a loader's
+    workers)."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def shared_memory_mb() -> float:

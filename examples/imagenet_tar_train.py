@@ -183,14 +183,16 @@ def main(argv=None) -> dict:
     for epoch in range(train_loader.epoch, args.epochs):  # a resumed loader knows its epoch
         model.train()
         seen = torch.zeros(2, dtype=torch.float64, device=device)  # images, loss sum
-        wait = 0.0
+        wait = first_wait = 0.0
         start = time.perf_counter()
         bar = tqdm(total=steps, desc=f"epoch {epoch}", disable=rank != 0, leave=False)
         batches = iter(train_loader)
-        for _ in range(steps):
+        for step in range(steps):
             t0 = time.perf_counter()
             (batch,) = next(batches)
-            wait += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            wait += waited
+            first_wait = waited if step == 0 else first_wait
             images = batch["images"].to(device, non_blocking=True).contiguous(memory_format=memory_format)
             labels = batch["labels"].to(device, non_blocking=True).view(-1).long()
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=on_gpu):
@@ -229,6 +231,7 @@ def main(argv=None) -> dict:
             "val_images_expected": val_info.spec.num_samples,
             "images_per_s": rate[0].item(),
             "data_wait_fraction": rate[1].item(),
+            "first_step_wait_s": first_wait,  # rank 0's: the epoch's first batch (the pipeline refilling)
             "steps": steps,
             "seconds": elapsed,
         }

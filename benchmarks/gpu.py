@@ -23,7 +23,7 @@ from typing import Dict, List, NamedTuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import bench_dir, child_main, run_child  # noqa: E402
+from harness import bench_dir, child_main, interleaved, run_child  # noqa: E402
 
 TRANSFERS = ("ring", "merge")
 NATIVE = "native_webdataset"
@@ -64,14 +64,14 @@ def measure(args, run: Run) -> Dict:
 def measure_all(args, runs: List[Run]) -> Dict[Run, Dict]:
     """Every configuration in interleaved rounds (odd rounds reversed); the median round of each.
     The merge transfer (kept for comparison, no target) runs in the first ``--merge-rounds`` only."""
-    got: Dict[Run, List[Dict]] = {r: [] for r in runs}
     merge_rounds = args.rounds if args.merge_rounds is None else args.merge_rounds
-    for round_ in range(args.rounds):
-        for run in runs if round_ % 2 == 0 else runs[::-1]:
-            if run.transfer != "merge" or round_ < merge_rounds:
-                got[run].append(measure(args, run))
+
+    def one(round_: int, run: Run) -> Dict:
+        return measure(args, run) if run.transfer != "merge" or round_ < merge_rounds else {}
+
     out = {}
-    for run, results in got.items():
+    for run, results in zip(runs, interleaved(runs, args.rounds, one)):
+        results = [r for r in results if r]
         good = sorted((r for r in results if "samples_per_s" in r), key=lambda r: r["samples_per_s"])
         out[run] = (
             {**good[(len(good) - 1) // 2], "rounds": [r.get("samples_per_s") for r in results]} if good else results[0]

@@ -140,18 +140,19 @@ class Packing:
             "image_check": self.image_check.value,
             "outputs": self.outputs,
             "arrays": self.arrays,
+            "stream_starts": self.stream_starts,
         }
 
     def __setstate__(self, state):
-        fields = state.pop("fields")
+        state = dict(state)
+        fields, starts = state.pop("fields"), state.pop("stream_starts", (0,))
         type(self).__init__(self, fields, **state)
+        self.set_streams(starts)
 
     def plain(self) -> "Packing":
         """The same fields in the single-array form (one array per sample, no table)."""
-        state = {**self.__getstate__(), "table": False, "payload": None}
         plain = Packing.__new__(Packing)
-        plain.__setstate__(state)
-        plain.set_streams(self.stream_starts)
+        plain.__setstate__({**self.__getstate__(), "table": False, "payload": None})
         return plain
 
     @property

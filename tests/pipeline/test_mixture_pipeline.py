@@ -79,6 +79,17 @@ def test_each_stream_gives_its_count_and_each_draw_comes_once(streams, transfer,
                     assert abs(per[i] - share) <= 1, f"epoch {epoch}: stream {i} {per[i]} of a share {share:.2f}"
 
 
+def test_spawned_workers_label_each_sample_with_its_stream(streams, transfer):
+    """What a spawned worker receives (pickled) knows where each stream begins."""
+    factory = mixed(streams, transfer=transfer, world_size=1, py_start_method="spawn")
+    (steps,), it = run(factory(), epochs=1)
+    bounds = [0, 30, 42, 49]
+    pairs = [p for step in steps for p in step]
+    assert Counter(s for _, s in pairs) == {0: 27, 1: 24, 2: 9}
+    assert all(bounds[s] <= i < bounds[s + 1] for i, s in pairs), "__stream__ is the stream of __index__"
+    assert it.audits[0]["per_stream"] == [27, 24, 9]
+
+
 @pytest.mark.filterwarnings("ignore:.*does not use them")
 @pytest.mark.parametrize("reading", ["indexed", "compressed", "bucketed"])
 def test_a_sample_drawn_thrice_by_one_worker_comes_thrice(make_shards, tmp_path, reading, transfer):

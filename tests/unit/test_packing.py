@@ -155,6 +155,17 @@ def test_layout_pickles():
     assert again.header_bytes == packing.header_bytes and again.payload == "jpg" and again.table
 
 
+def test_a_mix_s_streams_survive_pickling():
+    """A spawned worker gets its Packing pickled: where each stream begins must come along."""
+    import pickle
+
+    packing = Packing(("jpg", "__index__", "__stream__"))
+    packing.set_streams([0, 30, 42])
+    for again in (pickle.loads(pickle.dumps(packing)), packing.plain()):
+        assert again.stream_starts == (0, 30, 42)
+        assert again.stream_of(np.array([0, 29, 30, 41, 42, 48])).tolist() == [0, 0, 1, 1, 2, 2]
+
+
 def test_layout_choice():
     from dali_shards.catalog.shardinfo import ShardInfo
     from dali_shards.setup.resolve import choose_packing

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from dali_shards.plan import multiset
 from dali_shards.plan.epoch import Lengths
 from dali_shards.plan.resume import Plan
 
@@ -31,7 +32,7 @@ def expected_indices(plan: Plan, lengths: Optional[Lengths] = None, rank: Option
     ordered = [np.fromiter(itertools.islice(plan.valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
     positions = np.concatenate(ordered) if ordered else np.empty(0, np.int64)
     if plan.start_step and lengths is not None:
-        positions = np.setdiff1d(positions, plan.consumed(plan.start_step, lengths))
+        positions = multiset.difference(positions, plan.consumed(plan.start_step, lengths))
     elif plan.start_step:
         skip = plan.start_step * spec.mini_batch
         positions = np.concatenate([o[skip:] for o in ordered]) if ordered else positions
@@ -65,14 +66,29 @@ def lost_shards(shards: Sequence[Any]) -> List[Dict[str, Any]]:
     ]
 
 
+def check_plan(plan: Plan, left: np.ndarray, lengths: Optional[Lengths] = None) -> Dict[str, Any]:
+    """A resumed epoch's plan (all ranks) against ``left``, the draws its epoch had not yet delivered
+    (``resume.draws_left``, found without re-planning): draws it would never deliver (but those
+    ``last_batch="drop"`` drops) and draws it would deliver again."""
+    planned = expected_indices(plan, lengths)
+    never = multiset.difference(left, planned)
+    again = multiset.difference(planned, left)
+    dropped = plan.spec.last_batch == "drop"
+    return {
+        "plan_missing": 0 if dropped else len(never),
+        "plan_duplicates": len(again),
+        "plan_examples": (never[:0] if dropped else never[:5]).tolist() + again[:5].tolist(),
+    }
+
+
 def summarize(
     epoch: int, ranks: Sequence, expected: np.ndarray, lost: Sequence[Dict[str, Any]] = (),
-    stream_of: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+    stream_of: Optional[Callable[[np.ndarray], np.ndarray]] = None, plan_check: Optional[Dict[str, Any]] = None,
 ) -> Dict:  # fmt: skip
     """The audit report of an epoch from every rank's ``(indices, skipped, steps)``; ``lost``: the
     dataset's damaged shards (see ``lost_shards``). Samples are compared draw for draw: in a mix a
     sample may be planned more than once an epoch (``stream_of``: each index's stream, counted per
-    stream in ``per_stream``)."""
+    stream in ``per_stream``; ``plan_check``: a resumed epoch's ``check_plan``, which must be clean too)."""
     indices = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in ranks]) if ranks else np.empty(0, np.int64)
     skipped = np.unique(np.concatenate([np.asarray(r[1], dtype=np.int64) for r in ranks])) if ranks else indices
     unique, counts = np.unique(indices, return_counts=True)
@@ -101,9 +117,10 @@ def summarize(
     }
     if stream_of is not None:
         report["per_stream"] = np.bincount(stream_of(indices)).tolist() if len(indices) else []
-    report["exactly_once"] = (
-        not (report["duplicates"] or report["missing"] or report["unexpected"]) and report["equal_steps"]
-    )
+    if plan_check is not None:
+        report.update(plan_check)
+    wrong = [report[k] for k in ("duplicates", "missing", "unexpected", "plan_missing", "plan_duplicates") if k in report]
+    report["exactly_once"] = not any(wrong) and report["equal_steps"]
     return report
 
 

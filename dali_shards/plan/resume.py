@@ -21,11 +21,12 @@ this release's ``PLAN_VERSION``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 from dali_shards.errors import ConfigError
+from dali_shards.plan import multiset
 from dali_shards.plan.epoch import PLAN_VERSION, RESUMABLE_PLAN_VERSIONS, EpochPlan, Lengths, PlanSpec
 from dali_shards.plan.legacy import LEGACY_VERSIONS, LegacyPlan
 from dali_shards.plan.units import Units
@@ -142,6 +143,44 @@ def resume_point(
     if not history:
         return epoch, None, []
     subset = None
+    for i, layout, past, steps in _layouts(spec, history, epoch, version, lengths):
+        if i == len(history) - 1 and layout == layout_of(spec):
+            return epoch, plan_of(spec, epoch, past.subset, start_step=steps, version=version), history[:-1]
+        subset = (past, steps)
+    assert subset is not None  # the history is not empty
+    plan = plan_of(spec, epoch, subset[0].remaining(subset[1], lengths), version=version)
+    if plan.steps == 0:  # too few samples left for a whole batch ("drop")
+        return epoch + 1, None, []
+    return epoch, plan, history
+
+
+def draws_left(
+    spec: PlanSpec, state: Dict[str, Any], dataset: Optional[DatasetId] = None, lengths: Optional[Lengths] = None
+) -> Optional[np.ndarray]:
+    """The draws (``__index__``, a sample as many times as drawn) of the epoch ``state`` stopped in
+    that its layouts have not delivered: the epoch's plan under its first layout, less what each
+    layout delivered. Found without the re-planning of what is left (``progress``), which it
+    checks (the audit). None for a fresh epoch's state, or an older plan version's."""
+    state = _check(spec, state, dataset)
+    epoch, version = int(state["epoch"]), int(state["plan_version"])
+    history = list(state.get("history", []))
+    if not history or version in LEGACY_VERSIONS:
+        return None
+    delivered, draws = [], np.zeros(0, np.int64)
+    for i, _, past, steps in _layouts(spec, history, epoch, version, lengths):
+        if i == 0:
+            assert isinstance(past, EpochPlan)  # not a legacy version (above)
+            draws = past.units.positions(past.canonical_starts)
+        delivered.append(past.consumed(steps, lengths))
+    return multiset.difference(draws, np.concatenate(delivered))
+
+
+def _layouts(
+    spec: PlanSpec, history: List[Dict[str, Any]], epoch: int, version: int, lengths: Optional[Lengths]
+) -> Iterator[Tuple[int, Dict[str, Any], Plan, int]]:
+    """Each layout of ``history`` with its plan of ``epoch`` (of what the layouts before it left)
+    and the steps it took."""
+    subset = None
     for i, entry in enumerate(history):
         layout = {k: entry[k] for k in LAYOUT_KEYS}
         steps = int(entry["steps"])
@@ -155,10 +194,6 @@ def resume_point(
                 f"whose plan of epoch {epoch} {'there ' if i else ''}has {past.steps}: the state was not saved "
                 "by a run over these shards; resume from the state_dict() the run saved"
             )
-        if i == len(history) - 1 and layout == layout_of(spec):
-            return epoch, plan_of(spec, epoch, subset, start_step=steps, version=version), history[:-1]
-        subset = past.remaining(steps, lengths)
-    plan = plan_of(spec, epoch, subset, version=version)
-    if plan.steps == 0:  # too few samples left for a whole batch ("drop")
-        return epoch + 1, None, []
-    return epoch, plan, history
+        yield i, layout, past, steps
+        if i < len(history) - 1:
+            subset = past.remaining(steps, lengths)

@@ -12,7 +12,7 @@ import torch
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-from dali_shards.plan.audit import EpochRecord, expected_indices, gather, lost_shards, summarize
+from dali_shards.plan.audit import EpochRecord, check_plan, expected_indices, gather, lost_shards, summarize
 from dali_shards.pytorch.plancheck import check_same_plan, plan_summary
 from dali_shards.errors import ConfigError, WorkerError
 from dali_shards.pipeline.decorator import pipeline_info
@@ -294,8 +294,11 @@ class DALIShardedIterator(DALIGenericIterator):
             ranks, expected = [self._record.as_tuple()], expected_indices(plan, lengths, self.info.rank)
         else:
             expected = expected_indices(plan, lengths)
+        # a resumed epoch: its plan against the draws left, found without re-planning
+        left = self.info.draws_left(self.epoch) if plan is self.info.resume_plan else None
+        checked = None if left is None else check_plan(plan, left, lengths)
         stream_of = self.info.packing.stream_of if self.info.mixture is not None else None
-        report = summarize(self.epoch, ranks, expected, lost_shards(self.info.shards), stream_of)
+        report = summarize(self.epoch, ranks, expected, lost_shards(self.info.shards), stream_of, checked)
         report["rank"] = self.info.rank if len(ranks) == 1 else None
         self.audits.append(report)
         if not report["exactly_once"]:

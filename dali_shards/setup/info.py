@@ -9,7 +9,7 @@ import numpy as np
 
 from dali_shards.options import OnError
 from dali_shards.plan.mixture import MixSpec
-from dali_shards.plan.resume import Plan, epoch_plan, make_state, resume_point
+from dali_shards.plan.resume import Plan, draws_left, epoch_plan, make_state, resume_point
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
 from dali_shards.shm.control import ControlBlock
@@ -92,6 +92,14 @@ class ShardedPipelineInfo:
         bucketed layout stopped inside a window, which samples it delivered is left undecided."""
         lengths = _any_lengths if self.options.bucket_by is not None else None
         return resume_point(self.spec, state, self.resolved.dataset, lengths)
+
+    def draws_left(self, epoch: int) -> Optional[np.ndarray]:
+        """The draws of ``epoch`` that the state this pipeline resumed had left (``resume.draws_left``,
+        for the audit's check of the resumed plan); None where the pipeline did not resume in it."""
+        resumed, state = self.resume_plan, self.options.resume_from
+        if resumed is None or resumed.epoch != epoch or state is None:
+            return None
+        return draws_left(self.spec, dict(state), self.resolved.dataset, self.resolved.lengths)
 
     def state(self, epoch: int, steps: int) -> State:
         """The resumable state after ``steps`` batches of ``epoch`` (counted from its plan's step 0)."""

@@ -138,6 +138,30 @@ def test_a_stratified_mix_resumes_on_another_world(streams):
     assert first + rest == whole
 
 
+@pytest.mark.parametrize("block", [0, 256])
+def test_an_elastic_resume_of_draws_beyond_a_stream_s_size_delivers_each_draw(streams, transfer, block):
+    """Streams drawn two to three times their size, read in contiguous runs (``shuffle_block=0``,
+    chunks that hold a sample twice) or interleaved; saved by 2 ranks after a step, resumed by 3:
+    the rest of the epoch's draws, each once, and every resumed rank's audit agrees."""
+    mix = [Stream(streams[0], choose=20), Stream(streams[1], repeat=2.5), Stream(streams[2], choose=20)]
+    options = dict(batch_size=4, py_num_workers=2, shuffle=True, seed=3, shuffle_block=block, shuffle_buffer=6)
+    two = identity_pipeline(mix, FIELDS, world_size=2, transfer=transfer, **options)
+    whole = Counter(i for steps in by_rank(two, 2, epochs=1) for step in steps for i, _ in step)
+    assert sum(whole.values()) == 70 and max(whole.values()) == 3
+    first = Counter()
+    iters = [DALIShardedIterator(two(rank=r), ["index", "stream", "valid"]) for r in range(2)]
+    for it in iters:
+        (batch,) = next(it)
+        ok = batch["valid"].reshape(-1).numpy().astype(bool)
+        first.update(batch["index"].reshape(-1).numpy()[ok].tolist())
+    three = identity_pipeline(mix, FIELDS, world_size=3, transfer=transfer, resume_from=iters[0].state_dict(), **options)
+    runs = [run(three(rank=r), epochs=1) for r in range(3)]
+    rest = Counter(i for steps, _ in runs for step in steps[0] for i, _ in step)
+    assert first + rest == whole, "every draw of the epoch once"
+    for _, it in runs:
+        assert it.audits[0]["exactly_once"] and it.audits[0]["plan_missing"] == 0, it.audits[0]
+
+
 def test_what_a_mix_cannot_go_with_is_refused(streams, make_shards):
     with pytest.raises(ConfigError, match="samples_per_epoch"):
         mixed(streams, samples_per_epoch=20)()

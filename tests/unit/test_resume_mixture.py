@@ -86,3 +86,35 @@ def test_the_audit_counts_draws_and_catches_a_lost_or_doubled_draw():
     assert not lost["exactly_once"] and lost["missing"] == 1, "one draw of a thrice-drawn sample lost"
     doubled = summarize(0, [(np.append(expected, expected[0]), none, plan.steps)], expected)
     assert not doubled["exactly_once"] and doubled["duplicates"] == 1
+
+
+def test_the_audit_catches_a_re_planning_that_loses_draws(monkeypatch):
+    """The resumed plan is checked against the draws the state had left, found without re-planning:
+    a re-planning that loses a stretch fails the check, though each rank gets all its plan holds."""
+    from dali_shards.plan.audit import check_plan
+    from dali_shards.plan.epoch import EpochPlan
+    from dali_shards.plan.resume import draws_left
+    from dali_shards.plan.units import Units
+
+    sizes, bounds, counts = (3, 2, 4, 5), (0, 1, 2, 3, 4), (30, 25, 20, 10)
+    old = spec_of(sizes, bounds, counts, (2, 2, 2), 0, 0)
+    new = spec_of(sizes, bounds, counts, (3, 2, 2), 0, 0)
+    state = make_state(old, 0, [], old.epoch(0), 1)
+    _, good, _ = resume_point(new, state)
+    assert check_plan(good, draws_left(new, state)) == {"plan_missing": 0, "plan_duplicates": 0, "plan_examples": []}
+    real = EpochPlan.remaining
+
+    def losing(self, steps, lengths=None):
+        left = real(self, steps, lengths)
+        return Units.of(left.shard[1:], left.lo[1:], left.hi[1:])
+
+    monkeypatch.setattr(EpochPlan, "remaining", losing)
+    _, bad, _ = resume_point(new, state)
+    check = check_plan(bad, draws_left(new, state))
+    assert check["plan_missing"] > 0 and check["plan_duplicates"] == 0
+    for rank in range(3):  # each rank alone gets what its share of the plan holds...
+        share = expected_indices(bad, rank=rank)
+        alone = summarize(0, [(share, np.empty(0, np.int64), bad.steps)], share)
+        assert alone["exactly_once"]
+        # ...and the check says the plan itself lost draws
+        assert not summarize(0, [(share, np.empty(0, np.int64), bad.steps)], share, plan_check=check)["exactly_once"]

@@ -2,6 +2,7 @@
 stretches of shards, computed from each worker's parts without listing the samples delivered.
 Pure, no I/O, no DALI.
 
+Samples are counted draw for draw (``multiset``): in a mix a sample may be drawn twice an epoch.
 After ``k`` steps, worker ``v`` delivered the first ``min(count, k * mini_batch)`` samples of its
 reading order: whole blocks, then a prefix of each of its parts in the block it stopped in
 (``deal.consumed_counts``, counted for all workers at once), or whole chunks of its run and a known part of the next
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import numpy as np
 
-from dali_shards.plan import bucket
+from dali_shards.plan import bucket, multiset
 from dali_shards.plan.deal import consumed_counts_many
 from dali_shards.plan.runs import chunk_done
 from dali_shards.plan.units import Streams, Units
@@ -26,12 +27,13 @@ if TYPE_CHECKING:
 
 
 def singles(plan: "EpochPlan", positions: np.ndarray) -> Units:
-    """Samples (``__index__``) as units: each run of consecutive samples of one shard, one unit."""
-    pos = np.unique(np.asarray(positions, dtype=np.int64))
+    """Samples (``__index__``) as units, draw for draw (a sample listed twice is in two units): each
+    run of consecutive samples of one shard, one unit."""
+    pos, layer = multiset.layers(positions)
     if not len(pos):
         return Units.of([], [], [])
     shard, local = plan.locate(pos)
-    cut = np.flatnonzero((np.diff(pos) != 1) | (np.diff(shard) != 0)) + 1
+    cut = np.flatnonzero((np.diff(pos) != 1) | (np.diff(shard) != 0) | (np.diff(layer) != 0)) + 1
     first, last = np.concatenate([[0], cut]), np.concatenate([cut, [len(pos)]]) - 1
     return Units.of(shard[first], local[first], local[last] + 1)
 
@@ -110,5 +112,5 @@ def remaining(plan: "EpochPlan", steps: int, lengths: Optional["Lengths"] = None
         upto = min(count, start + span)
         window = plan.delivered_order(v, upto)[start:]
         got = bucket.delivered(plan, v, valid, span, lengths)[start:]
-        left += [singles(plan, np.setdiff1d(window, got)), worker_left(plan, v, upto)]
+        left += [singles(plan, multiset.difference(window, got)), worker_left(plan, v, upto)]
     return Units.concat([workers_left(plan, plain), *left])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
+from typing import Dict, Generic, List, Optional, Tuple, TypeVar
 
 from dali_shards.io.storage import local_path
 
@@ -51,12 +51,6 @@ class ShardIdentity:
 def shard_identity(url: str) -> str:
     """What makes two spellings of ``url`` the same shard (see the module)."""
     return ShardIdentity()(url)
-
-
-def shard_identities(urls: Sequence[str]) -> List[str]:
-    """The identity of each of ``urls``, in order."""
-    identity = ShardIdentity()
-    return [identity(url) for url in urls]
 
 
 class Seen(Generic[T]):

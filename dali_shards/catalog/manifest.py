@@ -24,8 +24,8 @@ Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
 integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
 ``sample_blocks`` one positive integer per sample that fit in ``bytes`` with the end-of-archive
 block, or absent, ``key_crc32`` one fingerprint per sample, or absent, ``version`` an integer; the
-counts and sizes within what a shard can hold: ``catalog.entries``), and a shard listed twice is
-refused, each with a ``ConfigError`` naming the manifest, the entry and the field. A remote
+counts and sizes within what a shard can hold: ``catalog.entries``), and a shard listed twice
+(however spelled: ``catalog.identity``) is refused, each with a ``ConfigError`` naming the manifest, the entry and the field. A remote
 manifest's entries must lie on its own server or bucket unless ``manifest_foreign_urls=True``
 (``catalog.origins``). Version 1 manifests (without ``sample_blocks``) are read.
 """

@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from dali_shards.catalog.identity import ShardIdentity
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.manifest import read_manifest
 from dali_shards.catalog.origins import warn_outside_folder
@@ -82,6 +83,7 @@ def _manifest_beside(manifest: str) -> Optional[List[ShardInfo]]:
 
 def _unlisted(infos: Sequence[ShardInfo], paths: Sequence[str]) -> List[str]:
     """The names of the shards in ``paths`` that ``infos`` does not list."""
+    identity = ShardIdentity()
     listed = {identity(info.url) for info in infos}
     return [os.path.basename(p) for p in paths if identity(p) not in listed]
 
@@ -90,8 +92,3 @@ def _names(names: Sequence[str], most: int = 8) -> str:
     shown = ", ".join(names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
-
-def identity(url: str) -> str:
-    """What makes two spellings of a shard the same shard: the real path of a local file."""
-    path = local_path(url)
-    return url if path is None else os.path.realpath(path)

@@ -24,8 +24,8 @@ Every field is checked when read (``url`` a string, ``samples`` an integer >= 0,
 integer >= 0 or absent, ``ext_bytes`` a mapping of extensions to integers >= 0 or absent,
 ``sample_blocks`` one positive integer per sample that fit in ``bytes`` with the end-of-archive
 block, or absent, ``key_crc32`` one fingerprint per sample, or absent, ``version`` an integer; the
-counts and sizes within what a shard can hold: ``catalog.entries``), and a shard listed twice is
-refused, each with a ``ConfigError`` naming the manifest, the entry and the field. A remote
+counts and sizes within what a shard can hold: ``catalog.entries``), and a shard listed twice
+(however spelled: ``catalog.identity``) is refused, each with a ``ConfigError`` naming the manifest, the entry and the field. A remote
 manifest's entries must lie on its own server or bucket unless ``manifest_foreign_urls=True``
 (``catalog.origins``). Version 1 manifests (without ``sample_blocks``) are read.
 """
@@ -38,11 +38,12 @@ import json
 import logging
 import os
 import posixpath
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.catalog.entries import BLOCK, Entry, check_entry, is_count
+from dali_shards.catalog.identity import Seen
 from dali_shards.catalog.origins import check_entry_origin
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.table import decode, record_starts, records_of, table_path, write_table
@@ -112,21 +113,7 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
         local = local_path(path)
         assert local is not None  # not remote: local
         base = os.path.dirname(os.path.abspath(local))
-    listed: List[Entry] = []
-    first: Dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        checked = check_entry(path, i, entry, version)
-        url = checked.url
-        if "://" not in url and not url.startswith("/"):
-            url = posixpath.join(base, url) if remote else os.path.join(base, url)
-        check_entry_origin(path, i, checked.url, url, config)
-        if url in first:
-            raise ConfigError(
-                f"manifest {path!r} lists shard {url!r} twice (entries {first[url]} and {i}); each shard may "
-                "appear once: remove one of them"
-            )
-        first[url] = i
-        listed.append(checked._replace(url=url))
+    listed = _listed(path, entries, version, base, config)
     if version >= 3:
         return _in_table(path, doc, base, remote, listed, entries)
     shards = [ShardInfo(*checked) for checked in listed]
@@ -138,6 +125,30 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
             "only the workers reading a shard read)", path, version, inline,
         )  # fmt: skip
     return shards
+
+
+def _listed(path: str, entries: list, version: int, base: str, config: StorageOptions) -> List[Entry]:
+    """A manifest's entries checked, their URLs taken from ``base`` where relative; a ConfigError
+    names an entry off a remote manifest's server (``catalog.origins``) and a shard listed twice,
+    however spelled (``catalog.identity``: ``x.tar`` and ``./x.tar`` are one shard)."""
+    remote = is_remote(path)
+    listed: List[Entry] = []
+    seen: Seen[Tuple[int, str]] = Seen()
+    for i, entry in enumerate(entries):
+        checked = check_entry(path, i, entry, version)
+        url = checked.url
+        if "://" not in url and not url.startswith("/"):
+            url = posixpath.join(base, url) if remote else os.path.join(base, url)
+        check_entry_origin(path, i, checked.url, url, config)
+        before = seen.before(url, (i, checked.url))
+        if before is not None:
+            first, (j, written) = before
+            raise ConfigError(
+                f"manifest {path!r} lists shard {first!r} twice: entry {j} ({written!r}) and entry {i} "
+                f"({checked.url!r}); each shard may appear once: remove one of them"
+            )
+        listed.append(checked._replace(url=url))
+    return listed
 
 
 def _in_table(path: str, doc: dict, base: str, remote: bool, shards: List[Entry], entries: list) -> List[ShardInfo]:

@@ -27,6 +27,7 @@ unless ``manifest_foreign_urls=True`` (``catalog.origins``).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import os
@@ -38,7 +39,8 @@ from dali_shards.errors import ConfigError, ManifestNotFound, ShardFormatError
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.catalog.manifest import read_manifest
-from dali_shards.catalog.folders import MANIFEST_NAME, SHARD_SUFFIXES, folder_manifest, identity, warn_unlisted
+from dali_shards.catalog.folders import MANIFEST_NAME, SHARD_SUFFIXES, folder_manifest, warn_unlisted
+from dali_shards.catalog.identity import Seen, ShardIdentity, spelled
 from dali_shards.catalog.origins import warn_outside_folder
 from dali_shards.catalog.plausible import check_counts, local_file_size
 from dali_shards.catalog.table import check_tables
@@ -165,11 +167,13 @@ def _count_remote(
     """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
     them (their origins then name the manifest; the slots counted so are returned); without one,
     a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
-    known = _manifests_beside([url for _, url, _ in remote], config)
+    shard_identity = ShardIdentity()
+    known = _manifests_beside([url for _, url, _ in remote], config, shard_identity)
     found = []
     for slot, url, pattern in remote:
-        if url in known:
-            shards[slot] = known[url]
+        listed = known.get(shard_identity(url))
+        if listed is not None:
+            shards[slot] = dataclasses.replace(listed, url=url)
             origins[slot] += f", counted by {url.rsplit('/', 1)[0]}/{MANIFEST_NAME}"
             found.append(slot)
         elif counts:
@@ -185,15 +189,17 @@ def _count_remote(
 
 
 def _refuse_duplicates(shards: Sequence[ShardInfo], origins: Sequence[str]) -> None:
-    first: Dict[str, int] = {}
+    """A ConfigError naming a shard listed twice (``catalog.identity``: however spelled), both
+    spellings and both places."""
+    seen: Seen[int] = Seen()
     for slot, info in enumerate(shards):
-        key = identity(info.url)
-        if key in first:
+        before = seen.before(info.url, slot)
+        if before is not None:
+            url, first = before
             raise ConfigError(
-                f"shard {shards[first[key]].url!r} is listed twice: by {origins[first[key]]}, and by {origins[slot]}. "
+                f"shard {spelled(url, info.url)} is listed twice: by {origins[first]}, and by {origins[slot]}. "
                 "Each shard may appear once per epoch: remove one (check the patterns, lists and manifests of source=)"
             )
-        first[key] = slot
 
 
 def _check_manifested(
@@ -240,13 +246,14 @@ def _check_manifested(
         shards[slot] = info
 
 
-def _manifests_beside(urls: Sequence[str], config: StorageOptions) -> Dict[str, ShardInfo]:
-    """The shards listed by the ``manifest.json`` of each folder holding one of ``urls``."""
+def _manifests_beside(urls: Sequence[str], config: StorageOptions, identity: ShardIdentity) -> Dict[str, ShardInfo]:
+    """The shards listed by the ``manifest.json`` of each folder holding one of ``urls``, by
+    their identity (``catalog.identity``: an entry ``./x.tar`` counts the shard ``x.tar``)."""
     found: Dict[str, ShardInfo] = {}
     for folder in dict.fromkeys(u.rsplit("/", 1)[0] for u in urls):
         try:
             for info in read_manifest(f"{folder}/{MANIFEST_NAME}", config):
-                found[info.url] = info
+                found[identity(info.url)] = info
         except ManifestNotFound:
             continue
     return found

@@ -4,8 +4,9 @@ order), every stream checked to hold what ``fields`` asks for. Pure, no DALI."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from dali_shards.catalog.identity import Seen, spelled
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.sources import resolve_source
 from dali_shards.errors import ConfigError
@@ -30,18 +31,19 @@ def resolve_shards(options: ShardedOptions) -> Tuple[List[ShardInfo], Optional[M
 def resolve_mix(streams: Sequence[Stream], epoch_size: Optional[int], batching: str,
                 shards_of: Callable[[Any], List[ShardInfo]]) -> Tuple[List[ShardInfo], MixSpec]:  # fmt: skip
     """The shards of ``streams`` one stream after the other (each resolved by ``shards_of``) and
-    their mix; a ConfigError naming the streams that share a shard, or a stream that cannot be
-    drawn as asked (``plan.mixture.stream_counts``)."""
+    their mix; a ConfigError naming the streams that share a shard (however spelled:
+    ``catalog.identity``), or a stream that cannot be drawn as asked (``plan.mixture.stream_counts``)."""
     shards: List[ShardInfo] = []
     bounds = [0]
-    owner: Dict[str, int] = {}
+    seen: Seen[int] = Seen()
     for i, stream in enumerate(streams):
         mine = shards_of(stream.source)
         for s in mine:
-            if s.url in owner:
-                raise ConfigError(f"shard {s.url!r} is in stream {owner[s.url]} and stream {i}: a shard may be in one "
-                                  "stream only (give a stream a larger repeat= or proportion= instead)")  # fmt: skip
-            owner[s.url] = i
+            before = seen.before(s.url, i)
+            if before is not None:
+                raise ConfigError(f"shard {spelled(before[0], s.url)} is in stream {before[1]} and stream {i}: a shard "
+                                  "may be in one stream only (give a stream a larger repeat= or proportion= "
+                                  "instead)")  # fmt: skip
         shards += mine
         bounds.append(len(shards))
     sizes = [sum(s.samples for s in shards[a:b]) for a, b in zip(bounds, bounds[1:])]

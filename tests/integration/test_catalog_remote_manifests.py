@@ -106,3 +106,32 @@ def test_a_remote_sample_table_is_read_one_record_per_shard_by_the_workers_that_
     reads = [{seg.shard for seg in info.plan(e).worker_reads(v)} for e in (0, 1) for v in range(2)]  # (epoch 1: read ahead)
     assert len(set(table)) == 12 and len(table) <= sum(map(len, reads)), "one record per shard a worker reads"
     assert all(r is not None and r.startswith("bytes=") for r in table)
+
+
+@pytest.mark.parametrize("spelling", ["./s.tar", "sub/../s.tar", ".//s.tar", "{url}//s.tar", "HTTP://127.0.0.1:{port}/s.tar"])
+def test_an_http_manifest_listing_one_shard_twice_however_spelled_is_refused(served, spelling):
+    """Issue 43, item 5: ``s.tar`` and ``./s.tar`` (or ``sub/../s.tar``, ``.//s.tar``, its absolute
+    URL in another case) are one shard on the server; delivered twice before."""
+    server, root, _ = served
+    entry = spelling.format(url=server.url, port=server.port)
+    serve_manifest(root, [{"url": "s.tar", "samples": 40}, {"url": entry, "samples": 40}])
+    manifest = f"{server.url}/manifest.json"
+    with pytest.raises(ConfigError, match=r"twice: entry 0 \('s\.tar'\) and entry 1") as err:
+        resolve_source(manifest, config=StorageOptions(**FAST))
+    assert manifest in str(err.value) and repr(entry) in str(err.value)
+
+
+def test_a_remote_shard_is_counted_by_its_manifest_and_refused_in_two_streams_however_spelled(served):
+    """The manifest beside a remote pattern counts its shards however it spells them, and a mix
+    that names one served shard in two streams, spelled differently, is refused."""
+    from dali_shards import Stream
+    from dali_shards.setup.mixing import resolve_mix
+
+    server, root, _ = served
+    serve_manifest(root, [{"url": "./s.tar", "samples": 40}])
+    config = StorageOptions(**FAST)
+    assert [s.samples for s in resolve_source(f"{server.url}/s.tar", config=config)] == [40]
+    streams = [Stream(f"{server.url}/manifest.json"), Stream(f"{server.url}//sub/../s.tar")]
+    with pytest.raises(ConfigError, match="stream 0 and stream 1") as err:
+        resolve_mix(streams, None, "random", lambda source: resolve_source(source, config=config))
+    assert f"{server.url}//sub/../s.tar" in str(err.value)

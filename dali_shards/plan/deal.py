@@ -1,4 +1,4 @@
-"""Planner v5, interleaved: who reads which pieces of which shards, at a cost that follows what a
+"""Planner v5 and v6, interleaved: who reads which pieces of which shards, at a cost that follows what a
 process reads. Pure, no I/O, no DALI.
 
 1. **Pieces.** Each unit (a shard, or what was left of one) is cut into ``k`` contiguous pieces

@@ -9,7 +9,8 @@ reads: arrays over the shards (or their pieces), never over all samples or all r
    epoch, a rank's pieces shared by its workers block by block and read interleaved: batches as
    mixed as a global shuffle even from class-sorted shards, each shard read by about
    ``max(1, batch_size * world_size / shards)`` workers (``deal``).
-2. Otherwise the shards, in a new random order every epoch when shuffling, are laid end to end and
+2. Otherwise the shards, in a new random order every epoch when shuffling, are laid end to end
+   from a random sample on (going round: the runs change every epoch however few the shards) and
    virtual worker ``v = rank * py_num_workers + worker`` (of ``V = world_size * py_num_workers``)
    reads the balanced contiguous run ``[v T / V, (v + 1) T / V)``, chunk by chunk of
    ``shuffle_buffer`` samples in a seeded order (``runs``): each shard read once, but at a run's
@@ -47,9 +48,11 @@ from dali_shards.plan.runs import Runs, chunk_order
 from dali_shards.plan.stratified import StratifiedParts
 from dali_shards.plan.units import Streams, Units
 
-PLAN_VERSION = 5
-# plan versions whose states still resume exactly (3, 4: planned by ``legacy``)
-RESUMABLE_PLAN_VERSIONS = (3, 4, 5)
+PLAN_VERSION = 6
+# plan versions whose states still resume exactly (3, 4: planned by ``legacy``; 5: as 6, but that
+# contiguous runs start at the laid sequence's first sample every epoch)
+RESUMABLE_PLAN_VERSIONS = (3, 4, 5, 6)
+PLANNED_VERSIONS = (5, 6)  # the versions ``EpochPlan`` plans
 MIN_SHARDS = 8  # fewer non-empty shards than this (or than a worker's mini-batch): contiguous runs
 Lengths = Callable[[Any, np.ndarray], np.ndarray]  # (plan, positions) -> the samples' lengths
 LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
@@ -133,7 +136,8 @@ class PlanSpec(BatchLayout):
 
 @dataclass(frozen=True)
 class EpochPlan(Reads, Emissions):
-    """The plan of one epoch (plan version 5): each worker's reads and emission order.
+    """The plan of one epoch (plan version 6, or 5 to finish an epoch saved under it): each worker's
+    reads and emission order.
 
     A resumed epoch plans only ``subset`` (the stretches of shards still to deliver, after an
     elastic resume) and/or starts at ``start_step`` (after a resume with the same layout); steps are
@@ -147,7 +151,7 @@ class EpochPlan(Reads, Emissions):
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
-        if self.version != PLAN_VERSION:
+        if self.version not in PLANNED_VERSIONS:
             raise ConfigError(f"plan version {self.version} is planned by dali_shards.plan.legacy")
 
     # -- sizes ---------------------------------------------------------------------------
@@ -205,7 +209,8 @@ class EpochPlan(Reads, Emissions):
     def _runs(self) -> Runs:
         spec = self.spec
         drop = spec.last_batch == "drop"
-        return Runs(self.units, spec.num_virtual_workers, self.planned, drop, spec.shuffle, spec.seed, self.epoch)
+        turn = self.version >= 6
+        return Runs(self.units, spec.num_virtual_workers, self.planned, drop, spec.shuffle, spec.seed, self.epoch, turn)
 
     @cached_property
     def _ranks(self) -> Dict[int, RankParts]:

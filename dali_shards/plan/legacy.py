@@ -1,6 +1,6 @@
 """Plans of versions 3 and 4, kept to finish an epoch whose resume state was saved under one of
 them (the interleaved planner of ``interleave``: each rank's piece of every shard). New epochs are
-planned by ``epoch.EpochPlan`` (version 5). Pure, no I/O, no DALI."""
+planned by ``epoch.EpochPlan`` (version 6, and 5 to finish an epoch saved under it). Pure, no I/O, no DALI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a plan's first steps delivered, and what is left of its epoch (plan version 5): the rest is
+"""What a plan's first steps delivered, and what is left of its epoch (plan versions 5 and 6): the rest is
 stretches of shards, computed from each worker's parts without listing the samples delivered.
 Pure, no I/O, no DALI.
 

@@ -30,6 +30,7 @@ TAG_CHUNK = 0x4348_4E4B  # plan v5: the order within a chunk of a contiguous run
 TAG_MIX = 0x4D49_5853  # a mix: the order a stream's shards are drawn in, pass after pass
 TAG_STRATA = 0x5354_5241  # stratified batches: which full batches take a stream's ceiling
 TAG_TURN = 0x5455_524E  # stratified batches: where a batch's stream labels start
+TAG_RUN_START = 0x5253_5452  # plan v6: where the laid sequence of contiguous runs starts
 
 
 def bitgen(*key: int) -> np.random.PCG64:

@@ -1,8 +1,10 @@
-"""Planner v5, contiguous runs (``shuffle_block=0``, no shuffle, or too few shards to interleave):
+"""Planner v6 (and v5), contiguous runs (``shuffle_block=0``, no shuffle, or too few shards to interleave):
 each shard read by one worker, two where a run ends inside it. Pure, no I/O, no DALI.
 
 The units, in a random order every epoch when shuffling (the same in every process), are laid end
-to end; virtual worker ``v`` of ``V`` takes samples ``[v T / V, (v + 1) T / V)`` of that sequence
+to end, and (plan version 6) the sequence starts at a random sample of it every epoch, going round:
+so that the workers' (and ranks') runs change every epoch however few the shards (one shard too).
+Virtual worker ``v`` of ``V`` takes samples ``[v T / V, (v + 1) T / V)`` of that sequence
 (``[v S m, (v + 1) S m)`` with ``last_batch="drop"``): its *run*. It emits its run in chunks of
 ``shuffle_buffer`` samples, each chunk in a seeded order (so it holds one chunk at a time), or in
 order without shuffling. What it delivered in its first ``c`` samples is its whole chunks and a
@@ -16,7 +18,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from dali_shards.plan.random import TAG_CHUNK, TAG_SHARD_ORDER, permutation
+from dali_shards.plan.random import TAG_CHUNK, TAG_RUN_START, TAG_SHARD_ORDER, bitgen, permutation
 from dali_shards.plan.units import Streams, Units
 
 
@@ -24,10 +26,17 @@ class Runs:
     """The units of an epoch laid end to end (shuffled or not), cut into ``workers`` runs of the
     ``planned`` samples delivered (``share`` each with ``last_batch="drop"``)."""
 
-    def __init__(self, units: Units, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int):
+    def __init__(
+        self, units: Units, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int, turn: bool = True
+    ):  # fmt: skip
         order = permutation(len(units), TAG_SHARD_ORDER, seed, epoch) if shuffle else np.arange(len(units))
         self.units, self.workers, self.planned, self.drop = units, workers, planned, drop
-        self.laid = Streams(units, order.astype(np.int64), np.zeros(len(units), np.int64), units.sizes[order])
+        laid = Streams(units, order.astype(np.int64), np.zeros(len(units), np.int64), units.sizes[order])
+        total = units.total
+        if shuffle and turn and total > 1:  # plan v6: the sequence starts at a random sample
+            at = int(bitgen(TAG_RUN_START, seed, epoch).random_raw() % total)
+            laid = laid.concat(laid.window(at, total), laid.window(0, at))
+        self.laid = laid
         self.ends = np.cumsum(self.laid.length)
 
     @property

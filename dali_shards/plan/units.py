@@ -95,6 +95,11 @@ class Streams:
         start = np.where(size > 0, (self.start + first) % np.maximum(size, 1), 0)
         return Streams(self.units, self.unit, start, np.maximum(stop - first, 0))
 
+    def concat(self, *parts: "Streams") -> "Streams":
+        """``parts`` (streams through the same units) one after the other."""
+        fields = [np.concatenate([getattr(p, f) for p in parts]).astype(np.int64) for f in ("unit", "start", "length")]
+        return Streams(self.units, *fields)
+
     def window(self, a: int, b: int, ends: Optional[np.ndarray] = None) -> "Streams":
         """Samples ``[a, b)`` of the streams laid end to end, as streams (the two at its ends cut;
         ``ends``: the streams' cumulative lengths, where known)."""

@@ -12,12 +12,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
 from dali_shards.io.filesystems import is_remote
 from dali_shards.options import ShardedOptions, option_default
 from dali_shards.catalog.table import SampleTables
-from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.epoch import MIN_SHARDS, PlanSpec
 from dali_shards.plan.mixture import MixSpec
 from dali_shards.plan.mode import Mode, Planned, Streaming
 from dali_shards.setup.mixing import resolve_shards
@@ -167,7 +169,10 @@ def _specs(
                 "mix less if the shards are class-sorted)", block,
             )  # fmt: skip
         sizes = tuple(s.samples for s in shards)
-        return PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, mixture=mixture, **layout), None
+        spec = PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, mixture=mixture, **layout)
+        if block and not spec.epoch(options.start_epoch).interleaving:
+            _few_shards(spec)
+        return spec, None
     assert options.samples_per_epoch is not None  # options.streaming
     streaming = StreamingSpec(len(shards), options.samples_per_epoch, **layout)
     if streaming.shares_shards():
@@ -177,6 +182,18 @@ def _specs(
             streaming.num_virtual_workers,
         )
     return streaming.as_plan_spec(options.shuffle_buffer), streaming
+
+
+def _few_shards(spec: PlanSpec) -> None:
+    """Says that the shards are too few to interleave, what the workers read instead, and what to do."""
+    log.warning(
+        "dali_shards: %d non-empty shard(s) are too few to interleave (shuffle_block needs at least %d: %d, and a "
+        "worker's %d samples per step): each worker reads a contiguous run, which changes every epoch, but a batch "
+        "mixes only samples within shuffle_buffer=%d of each other in it. Write more, smaller shards (e.g. "
+        "`dali-shards write --max-count N`) for batches mixed across the whole dataset.",
+        int(np.count_nonzero(spec.sizes)), max(MIN_SHARDS, spec.mini_batch), MIN_SHARDS, spec.mini_batch,
+        spec.shuffle_buffer,
+    )  # fmt: skip
 
 
 def _indexed(shards: Sequence[ShardInfo]) -> bool:

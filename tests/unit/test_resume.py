@@ -215,3 +215,16 @@ def test_a_version_3_state_resumes_elastically_exactly_once():
     _, resumed, prior = resume_point(new, V3_STATE)
     assert resumed.version == 3 and len(prior) == 1
     assert sorted(seen + flat(delivered(resumed))) == list(range(sum(MANY)))
+
+
+def test_a_state_saved_under_plan_version_5_resumes_its_contiguous_runs_exactly():
+    """Plan v6 turns contiguous runs every epoch; an epoch saved under v5 goes on as v5 planned it."""
+    spec = spec_of(2, 2, 4)
+    old = spec.epoch(2, version=5)
+    assert not old.interleaving
+    state = json.loads(json.dumps(make_state(spec, 2, [], old, 3)))
+    assert state["plan_version"] == 5
+    _, resumed, _ = resume_point(spec, state)
+    assert resumed.version == 5 and delivered(resumed) == delivered(old, start=3)
+    _, elastic, _ = resume_point(spec_of(3, 1, 3), state)
+    assert sorted(flat(delivered(old, steps=3)) + flat(delivered(elastic))) == list(range(sum(SIZES)))

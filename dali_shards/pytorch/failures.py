@@ -44,7 +44,8 @@ def guarded(it: Any, call: Callable[[], Any]) -> Any:
             raise carried from None
         if dead or transfer.lost_worker(exc):
             raise worker_error(it, transfer.dead() or dead) from exc
-        ours = dali_failure(exc, it.info, it.epoch, it._fetching_step(), it._last_good)  # a sample an operator failed on
+        ahead = transfer.in_flight(it._pipeline) if it._pipeline is not None else 0  # steps DALI may have run on
+        ours = dali_failure(exc, it.info, it.epoch, it._fetching_step(), it._last_good, ahead)  # samples it failed on
         if ours is not None:
             raise ours from exc
         raise

@@ -27,6 +27,7 @@ from dali_shards.plan.mode import Streaming
 from dali_shards.worker.reader import ShardReader, Skipped
 
 log = logging.getLogger(__name__)
+TAKEN_SEARCH = 1024  # samples tried for one DALI takes, where every sample of the failing steps failed
 
 _OPERATOR = re.compile(r"Error in (?:CPU|GPU|MIXED|Mixed|mixed) operator `([^`]+)`")
 
@@ -49,12 +50,16 @@ def operator_of(text: str) -> str:
     return f"operator {found.group(1)}" if found else "a DALI operator"
 
 
-def dali_failure(exc: BaseException, info: Any, epoch: int, step: int, known_good: Optional[int] = None) -> Optional[Exception]:
-    """What to raise for a DALI error at ``step``: a ``SampleFailure`` (``on_error="skip"``) or a
-    ``ShardFormatError`` naming the samples it failed on, or None if the error cannot be traced to
-    samples of the step (then it is raised as it is). ``known_good``: a sample DALI took earlier
-    in the run (without one, the step's samples are re-run to find one, to stand in for the
-    skipped)."""
+def dali_failure(
+    exc: BaseException, info: Any, epoch: int, step: int, known_good: Optional[int] = None, ahead: int = 0
+) -> Optional[Exception]:
+    """What to raise for a DALI error while fetching ``step``: a ``SampleFailure``
+    (``on_error="skip"``) or a ``ShardFormatError`` naming the samples it failed on, or None if the
+    error cannot be traced to samples (then it is raised as it is). DALI's stages may have run up
+    to ``ahead`` steps beyond ``step`` (separate CPU and GPU queues), so the failing samples are
+    looked for in those steps too, and a sample DALI names by its place is checked before it is
+    blamed. ``known_good``: a sample DALI took earlier in the run (without one, one is looked for,
+    to stand in for the skipped)."""
     if isinstance(info.mode, Streaming) or info.spec.bucket_window:
         return None  # the samples of a step are not known ahead
     plan = info.plan(epoch)
@@ -66,21 +71,41 @@ def dali_failure(exc: BaseException, info: Any, epoch: int, step: int, known_goo
         return None  # not an operator failing on samples (a worker's, the transfer's, DALI's own error)
     operator = operator_of(text)
     started = time.perf_counter()
-    indices = plan.rank_batches(info.rank)[0][step]
+    batches = plan.rank_batches(info.rank)[0][step : step + ahead + 1]
     excluded = set(info.resolved.excluded)
-    bad = [int(indices[int(named.group(1))])] if named is not None and int(named.group(1)) < len(indices) else []
-    good = known_good
-    skip = info.on_error == "skip"
-    if not bad or bad[0] in excluded or (skip and good is None):  # not named, a stand-in failed, or no good one known
-        bad, good = _probe(info, plan, [int(i) for i in dict.fromkeys(indices.tolist()) if i not in excluded])
+    fresh = lambda values: [int(i) for i in dict.fromkeys(values) if int(i) not in excluded]  # noqa: E731
+    place = int(named.group(1)) if named is not None else -1
+    bad, good = _probe(info, plan, fresh(batches[:, place].tolist())) if 0 <= place < batches.shape[1] else ([], None)
+    if not bad:  # not named, or not the named place's sample: every sample in flight, tried
+        bad, more = _probe(info, plan, fresh(batches.ravel().tolist()))
+        good = good if good is not None else more
     if not bad:
         return None
     samples = [_described(info, plan, i) for i in bad]
-    seconds = time.perf_counter() - started
-    if skip:
-        return SampleFailure(epoch, step, samples, operator, seconds, good)
-    first = samples[0]
-    return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
+    if info.on_error != "skip":
+        first = samples[0]
+        return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
+    if known_good is None and good is None:  # every sample tried failed: one DALI takes, to stand in
+        good = _first_taken(info, plan, step + ahead + 1, excluded | set(bad), operator, epoch)
+    return SampleFailure(epoch, step, samples, operator, time.perf_counter() - started, good)
+
+
+def _first_taken(info: Any, plan: Any, step: int, skip: set, operator: str, epoch: int) -> int:
+    """The first sample of this rank's steps from ``step`` on that DALI takes (up to
+    ``TAKEN_SEARCH`` samples tried); a ShardFormatError where none is."""
+    index = plan.rank_batches(info.rank)[0][step:].ravel().tolist()
+    tried = [i for i in dict.fromkeys(int(i) for i in index) if i not in skip][:TAKEN_SEARCH]
+    for lo in range(0, len(tried), 64):
+        _, good = _probe(info, plan, tried[lo : lo + 64])
+        if good is not None:
+            return good
+    raise ShardFormatError(
+        "(several)" if len(info.shards) > 1 else info.shards[0].url,
+        f"DALI's {operator} failed on every sample tried in epoch {epoch} (those of the failing steps and "
+        f"{len(tried)} after them): no sample it takes is left to stand in for the skipped ones",
+        hint="check the pipeline function on a sample (e.g. the decoder's device and output type) and the shards "
+        "with `dali-shards inspect`",
+    )
 
 
 def _described(info: Any, plan: Any, index: int) -> Dict[str, Any]:

@@ -212,3 +212,45 @@ def test_a_state_whose_skip_list_repeats_a_sample_still_skips_new_failures(make_
     state["excluded"] = [2, 2]
     it = DALIShardedIterator(make(resume_from=state)(), ["image", "cls"])
     assert [int(c) for b in it for c in b[0]["cls"].view(-1).tolist()] == [0, 1, 3, 4, 6, 7]
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_separate_queues_name_and_skip_the_sample_dali_failed_on(make_shards, on_error):
+    """With separate CPU and GPU queues DALI's CPU stage runs steps ahead of the batch fetched:
+    the sample it failed on is looked for in every step in flight and checked before it is
+    blamed (named wrongly, or a good sample skipped for the run, before)."""
+    queues = {"cpu_size": 3, "gpu_size": 2}
+    for bad_at in range(1, 36, 5):  # at different steps of the epoch
+        paths = shards(make_shards, (10, 0, 17, 9), {bad_at: "zero"})
+        pipe = decoding(paths, batch_size=4, py_num_workers=2, shuffle=True, on_error=on_error,
+                        prefetch_queue_depth=queues, exec_dynamic=False)()  # fmt: skip
+        if on_error == "raise":
+            with pytest.raises(ShardFormatError, match=f"s{bad_at:04d}"):
+                for _ in DALIShardedIterator(pipe, ["image", "cls"]):  # the first batch is fetched at once
+                    pass
+            continue
+        it = DALIShardedIterator(pipe, ["image", "cls"], audit=True)
+        labels = sorted(int(c) for (b,) in it for c in b["cls"].view(-1).tolist())
+        assert labels == [i for i in range(36) if i != bad_at]
+        assert [s["index"] for inc in it.incidents for s in inc["samples"]] == [bad_at]
+        assert it.state_dict()["excluded"] == [bad_at], "only the bad sample is excluded for the run"
+
+
+def test_a_step_of_only_bad_samples_is_skipped_and_the_rest_delivered(make_shards, transfer):
+    """The first steps hold only samples DALI rejects, so no sample DALI took is known yet: one it
+    takes is looked for further on to stand in, and the rest is delivered (a raw error before)."""
+    bad = {i: "zero" for i in range(36) if i % 18 < 14}
+    paths = shards(make_shards, (10, 0, 17, 9), bad)
+    pipe = decoding(paths, batch_size=4, py_num_workers=2, shuffle=False, on_error="skip", transfer=transfer)()
+    it = DALIShardedIterator(pipe, ["image", "cls"], audit=True)
+    labels = sorted(int(c) for (b,) in it for c in b["cls"].view(-1).tolist())
+    assert labels == [i for i in range(36) if i not in bad]
+    assert it.audits[0]["exactly_once"] and sorted(it.audits[0]["skipped"]) == sorted(bad)
+
+
+def test_a_dataset_dali_rejects_whole_is_one_clear_error(make_shards):
+    paths = shards(make_shards, (10, 0, 17, 9), {i: "zero" for i in range(36)})
+    pipe = decoding(paths, batch_size=4, py_num_workers=2, on_error="skip")()
+    with pytest.raises(ShardFormatError, match="failed on every sample tried"):
+        for _ in DALIShardedIterator(pipe, ["image", "cls"]):  # the first batch is fetched at once
+            pass

@@ -187,12 +187,11 @@ def _specs(
 def _few_shards(spec: PlanSpec) -> None:
     """Says that the shards are too few to interleave, what the workers read instead, and what to do."""
     log.warning(
-        "dali_shards: %d non-empty shard(s) are too few to interleave (shuffle_block needs at least %d: %d, and a "
-        "worker's %d samples per step): each worker reads a contiguous run, which changes every epoch, but a batch "
-        "mixes only samples within shuffle_buffer=%d of each other in it. Write more, smaller shards (e.g. "
-        "`dali-shards write --max-count N`) for batches mixed across the whole dataset.",
-        int(np.count_nonzero(spec.sizes)), max(MIN_SHARDS, spec.mini_batch), MIN_SHARDS, spec.mini_batch,
-        spec.shuffle_buffer,
+        "dali_shards: %d non-empty shard(s) are too few to interleave (shuffle_block needs %d: at least %d, and "
+        "as many as a worker's samples per step): each worker reads a contiguous run, which changes every epoch, "
+        "but a batch mixes only samples within shuffle_buffer=%d of each other in it. Write more, smaller shards "
+        "(e.g. `dali-shards write --max-count N`) for batches mixed across the whole dataset.",
+        int(np.count_nonzero(spec.sizes)), max(MIN_SHARDS, spec.mini_batch), MIN_SHARDS, spec.shuffle_buffer,
     )  # fmt: skip
 
 

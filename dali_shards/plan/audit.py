@@ -31,8 +31,9 @@ def expected_indices(plan: Plan, lengths: Optional[Lengths] = None, rank: Option
     workers = range(spec.num_virtual_workers) if rank is None else spec.rank_workers(rank)
     ordered = [np.fromiter(itertools.islice(plan.valid_order(v), plan.worker_valid_count(v)), np.int64) for v in workers]
     positions = np.concatenate(ordered) if ordered else np.empty(0, np.int64)
-    if plan.start_step and lengths is not None:
-        positions = multiset.difference(positions, plan.consumed(plan.start_step, lengths))
+    if plan.start_step and lengths is not None:  # each worker's own first steps (a mix may draw a sample twice)
+        left = [multiset.difference(o, plan.worker_consumed(v, plan.start_step, lengths)) for v, o in zip(workers, ordered)]
+        positions = np.concatenate(left) if left else positions
     elif plan.start_step:
         skip = plan.start_step * spec.mini_batch
         positions = np.concatenate([o[skip:] for o in ordered]) if ordered else positions

@@ -85,18 +85,18 @@ class Emissions:
         With bucketing, a worker stopped inside a window delivered the window's shortest-first
         mini-batches of a seeded order: ``lengths(plan, positions)`` gives the lengths of that
         window's samples (a ConfigError without it)."""
-        spec = self.spec
-        m = spec.mini_batch
-        span = bucket.window_steps(getattr(spec, "bucket_window", 0), m) * m
-        out: List[np.ndarray] = []
-        for v in range(spec.num_virtual_workers):
-            count = self.worker_valid_count(v)
-            valid = min(count, steps * m)
-            if span and valid % span and valid < count:
-                out.append(np.asarray(bucket.delivered(self, v, valid, span, lengths), dtype=np.int64))
-            else:
-                out.append(self.delivered_order(v, valid))
+        out = [self.worker_consumed(v, steps, lengths) for v in range(self.spec.num_virtual_workers)]
         return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+    def worker_consumed(self, v: int, steps: int, lengths: Optional[Callable[[Any, np.ndarray], np.ndarray]] = None) -> np.ndarray:
+        """What worker ``v`` delivered as valid in this plan's first ``steps`` steps (see ``consumed``)."""
+        m = self.spec.mini_batch
+        span = bucket.window_steps(getattr(self.spec, "bucket_window", 0), m) * m
+        count = self.worker_valid_count(v)
+        valid = min(count, steps * m)
+        if span and valid % span and valid < count:
+            return np.asarray(bucket.delivered(self, v, valid, span, lengths), dtype=np.int64)
+        return self.delivered_order(v, valid)
 
     def delivered_order(self, v: int, count: int) -> np.ndarray:
         """The first ``count`` positions of worker ``v``'s valid order."""

@@ -56,6 +56,8 @@ def test_every_draw_of_a_mix_comes_once_across_a_resume(streams, before, after, 
     assert Counter(seen.tolist() + rest.tolist()) == Counter(draws.tolist()), "every draw once"
     expected = expected_indices(resumed, lengths)
     assert Counter(expected.tolist()) == Counter(rest.tolist()), "the audit expects each draw left"
+    ranks = Counter(i for r in range(new.world_size) for i in expected_indices(resumed, lengths, r).tolist())
+    assert ranks == Counter(rest.tolist()), "each rank's audit expects its own draws left"
     report = summarize(1, [(rest, np.empty(0, np.int64), resumed.steps - resumed.start_step)], expected)
     assert report["exactly_once"] and report["expected"] == len(rest)
 

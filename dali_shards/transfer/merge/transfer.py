@@ -61,7 +61,8 @@ class MergeTransfer:
             pipeline, depth, "merge",
             f"lets DALI read each step in place in its pool's shared memory, where only the last "
             f"prefetch_queue_depth ({depth}) steps are kept from being overwritten by the workers' next batches",
-            "raise prefetch_queue_depth, or use transfer='ring' (worker_prefetch + prefetch_queue_depth steps)",
+            "raise prefetch_queue_depth instead (DALI's own prefetch then runs that many steps ahead), or use "
+            "transfer='ring', whose workers keep worker_prefetch + prefetch_queue_depth steps",
         )  # fmt: skip
 
     def watch(self) -> None:

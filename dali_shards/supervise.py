@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from dali_shards.plan.geometry import virtual_worker
 from dali_shards.shm.control import ControlBlock, WorkerStatus
-from dali_shards.worker.process import HEARTBEAT_S
+from dali_shards.worker.parent import HEARTBEAT_S
 
 log = logging.getLogger("dali_shards")
 RELEASE_S = 5.0  # how long the main process may still wait once a stuck worker is killed: then the others are

@@ -52,6 +52,7 @@ def build_sharded_pipeline(
     if options.transfer is Transfer.MERGE:  # DALI's pool cannot fork once CUDA is initialised; our workers can
         check_start_method(start_method)
         check_merge_queue(pipeline_kwargs.get("prefetch_queue_depth"))
+        check_merge_executor(pipeline_kwargs)
     control = ControlBlock.create(
         options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
     )
@@ -112,6 +113,19 @@ def check_merge_queue(depth: Any) -> None:
         f"prefetch_queue_depth={depth!r} with transfer='merge': DALI's worker pool takes one positive "
         "integer (separate CPU and GPU queues are not supported with parallel external sources); give an "
         "integer, or use transfer='ring', which takes both"
+    )
+
+
+def check_merge_executor(pipeline_kwargs: Dict[str, Any]) -> None:
+    """A ConfigError where DALI's parallel external sources would never be given a task: they are
+    first scheduled when a pipelined pipeline prefetches (``exec_pipelined=False``: never)."""
+    if pipeline_kwargs.get("exec_pipelined", True):
+        return
+    given = ", ".join(f"{k}={pipeline_kwargs[k]!r}" for k in ("exec_async", "exec_pipelined") if k in pipeline_kwargs)
+    raise ConfigError(
+        f"{given} with transfer='merge': DALI schedules its parallel external sources (the merge's workers) "
+        "only in a pipelined executor, so the first step would fail in DALI ('No task has been scheduled'); "
+        "leave exec_pipelined at True, or use transfer='ring', which runs under either executor"
     )
 
 

@@ -164,7 +164,8 @@ def sharded_pipeline(
             source gives them to DALI: the cost per step does not grow with ``py_num_workers``.
             ``"merge"``: DALI's own worker pool, one parallel external source per worker, merged
             with conditional execution (the workaround of DALI issue 4892); its cost grows with
-            ``py_num_workers x batch_size``.
+            ``py_num_workers x batch_size``; it needs ``exec_pipelined=True`` and one integer
+            ``prefetch_queue_depth``, and takes no ``schedule_run()`` ahead of DALI's prefetch.
         image_check: how much of each image member the workers check before it enters a batch:
             ``"structure"`` (JPEG segments and end marker, PNG chunks and CRCs), ``"signature"``
             (first bytes) or ``"off"``. A failed check is a per-sample ``ShardFormatError``

@@ -36,6 +36,25 @@ def wait_gone(pids: Iterable[int], seconds: float) -> List[int]:
     return [p for p in pids if not gone(p)]
 
 
+def children(pid: int) -> List[int]:
+    """The live processes whose parent is ``pid`` (Linux ``/proc``), but multiprocessing's resource
+    tracker (a helper of ``spawn`` that ends on its own once its users are gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if int(parent) == pid and state not in ("Z", "X") and b"resource_tracker" not in command:
+            found.append(int(entry))
+    return sorted(found)
+
+
 def _default_signals() -> None:
     """In the child: SIGHUP, SIGINT and SIGTERM end it, even under nohup or a shell that ignores SIGINT."""
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):

@@ -10,6 +10,8 @@ import os
 import signal
 from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
+from dali_shards.errors import ConfigError
+
 
 class Transfer(Protocol):
     """One pipeline's transfer (see the module)."""
@@ -67,6 +69,27 @@ def steps_in_flight(prefetch_queue_depth: Any, worker_depth: int) -> int:
     worker's own queue, and the one a worker is making."""
     depth = sum(prefetch_queue_depth.values()) if isinstance(prefetch_queue_depth, dict) else int(prefetch_queue_depth)
     return depth + worker_depth + 1
+
+
+def outputs_pending(pipeline: Any) -> Optional[int]:
+    """How many of the steps ``pipeline`` ran DALI has not returned the outputs of yet (None:
+    unknown, e.g. no pipeline)."""
+    count = getattr(pipeline, "_batches_to_consume", None)  # DALI's count: a step fed but not yet taken
+    return count if isinstance(count, int) else None
+
+
+def refuse_scheduled_ahead(pipeline: Any, room: int, transfer: str, why: str, remedy: str) -> None:
+    """A ``ConfigError`` where ``pipeline`` is about to feed a step while ``room`` or more of its
+    steps still wait for their outputs to be taken (``schedule_run()`` called more often than
+    ``outputs()``): a transfer whose steps DALI reads in place can hold only ``room`` of them.
+    ``why`` says why (after ``transfer='...'``), ``remedy`` what else to do."""
+    ahead = outputs_pending(pipeline)
+    if ahead is None or ahead < room:
+        return
+    raise ConfigError(
+        f"the pipeline was scheduled {ahead} step{'s' * (ahead != 1)} ahead of its outputs: transfer={transfer!r} "
+        f"{why}; take an output before scheduling more, or {remedy}"
+    )
 
 
 def pids_of(processes: Sequence[Any]) -> List[int]:

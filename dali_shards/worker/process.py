@@ -1,45 +1,24 @@
 """A pipeline's worker process, seen from inside: epochs counted per process, and what a worker
-does when a source first runs in it.
-
-A worker process ends within about a second of its parent's death: on Linux through a
-parent-death signal (``PR_SET_PDEATHSIG``, SIGKILL) where the parent forked it from its main
-thread (the signal fires when the forking *thread* ends, so a worker forked by another thread, or
-spawned, does not get it), and everywhere through a heartbeat thread that compares
-``os.getppid()`` with the pid that built the pipeline every half second -- which works while the
-worker's main thread is blocked in a read. Ctrl-C and SIGTERM are the main process's to handle:
-workers ignore SIGINT and keep SIGTERM's default action. Imports no DALI.
+does when a source first runs in it. It ends within about a second of its parent's death
+(``worker/parent.py``: watched from its first moment where the library started it, else from
+here). Ctrl-C and SIGTERM are the main process's to handle: workers ignore SIGINT and keep
+SIGTERM's default action. Imports no DALI.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import signal
 import sys
 import threading
-import time
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from dali_shards.errors import WorkerError
-from dali_shards.pids import pid_alive
 from dali_shards.shm.control import NO_STAMPS, WorkerStamps
+from dali_shards.worker.parent import beat_for, watch_parent
 
-HEARTBEAT_S = 0.5
-_PR_SET_PDEATHSIG = 1
-
-_forked_by_main_thread = False  # set in the parent just before each fork; a forked child inherits it
 _entered: Optional[int] = None
-_attached: List[WorkerStamps] = []
-
-
-def _note_forking_thread() -> None:
-    global _forked_by_main_thread
-    _forked_by_main_thread = threading.current_thread() is threading.main_thread()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_note_forking_thread)
 
 
 class ProcessEpochs:
@@ -100,7 +79,7 @@ def attach_stamps(path: Optional[str], worker: int):
             f"dali_shards worker {worker} cannot open its pipeline's control block {path} ({exc}); the pipeline "
             "was probably deleted while its workers started"
         ) from exc
-    _attached.append(stamps)
+    beat_for(stamps)
     return stamps
 
 
@@ -126,7 +105,7 @@ def entered_process(owner_pid: Optional[int] = None) -> None:
     _one_torch_thread()
     _leave_signals_to_the_parent()
     if owner_pid is not None:
-        _bind_to_parent(owner_pid)
+        watch_parent(owner_pid)  # (at once where the library started the process: see worker/parent.py)
 
 
 def _one_torch_thread() -> None:
@@ -143,40 +122,6 @@ def _leave_signals_to_the_parent() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process handles it
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # e.g. inherited through fork
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _bind_to_parent(owner_pid: int) -> None:
-    if os.getppid() != owner_pid:
-        if pid_alive(owner_pid):
-            return  # run by something else than the pipeline's pool: not ours to bind
-        os._exit(1)  # the parent died before this process got here
-    if _forked_by_main_thread and sys.platform.startswith("linux"):
-        _set_parent_death_signal()
-        if os.getppid() != owner_pid:  # it died while the signal was being set
-            os._exit(1)
-    threading.Thread(target=_heartbeat, args=(owner_pid,), daemon=True, name="dali-shards-heartbeat").start()
-
-
-def _set_parent_death_signal() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # the heartbeat thread still notices
-
-
-def _heartbeat(owner_pid: int) -> None:
-    while True:
-        if os.getppid() != owner_pid:
-            for stamps in _attached:
-                try:
-                    os.unlink(stamps.path)  # the dead parent cannot remove its control block (a file)
-                except OSError:
-                    pass
-            os._exit(1)
-        for stamps in _attached:
-            stamps.beat()
-        time.sleep(HEARTBEAT_S)
 
 
 _MAIN_PID = os.getpid()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dali_shards.testing.processes import end_job, gone, read_pids, start_script, wait_gone
+from dali_shards.testing.processes import children, end_job, gone, read_pids, start_script, wait_gone
 
 HARD_LIMIT = 120  # seconds: no case may hang the test run
 
@@ -58,6 +58,27 @@ ORPHAN_SCRIPT = COMMON + textwrap.dedent(
         for _ in range(3):
             next(it)  # the workers work (after the building thread ended, too)
         print("PIDS", *made["pipe"].dali_shards.transfer.pids(), flush=True)
+        time.sleep(HARD_LIMIT)
+    """
+).replace("HARD_LIMIT", str(HARD_LIMIT))
+
+# killed at a moment of the workers' lives; a spawned worker's start-up made long, as a main module
+# importing torch makes it (spawned workers import the main module as __mp_main__)
+MOMENT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    if __name__ == "__mp_main__" and sys.argv[3] != "mid-epoch":
+        time.sleep(HARD_LIMIT)
+    """
+).replace("HARD_LIMIT", str(HARD_LIMIT)) + COMMON + textwrap.dedent(
+    """
+    if __name__ == "__main__":
+        paths = write_sample_shards(sys.argv[1], shard_sizes=(60, 60))
+        pipe = make(paths, py_start_method=sys.argv[2])()
+        it = DALIShardedIterator(pipe, ["index"])  # builds it: the workers start
+        for _ in range(3):
+            next(it)
+        print("PIDS", *pipe.dali_shards.transfer.pids(), flush=True)
         time.sleep(HARD_LIMIT)
     """
 ).replace("HARD_LIMIT", str(HARD_LIMIT))
@@ -144,6 +165,38 @@ def test_workers_exit_within_seconds_of_their_parents_death(tmp_path, method, wh
         assert not left, f"workers {left} outlived their main process (killed by {sig.name})"
         if sig == signal.SIGTERM:  # handled like Ctrl-C: the main process cleaned up
             assert "KeyboardInterrupt" in proc.stderr.read()
+    finally:
+        end_job(proc, pids)
+
+
+ENDED_WITHIN_S = 2.0  # the docs' "about a second", with room for a loaded machine
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("moment", ["starting", "start-up", "mid-epoch"])
+def test_workers_end_within_a_second_or_two_of_their_main_process_killed_at_any_moment(
+    tmp_path, method, moment, transfer
+):
+    """SIGKILL while the workers start (as soon as they exist; a second later, a spawned one still
+    importing the main module), and mid-epoch. A spawned worker used to be watched only once its
+    start-up was over: it outlived its main process by as long as that took. Counts only this
+    job's children (other dali_shards runs may be on the host)."""
+    proc = start(tmp_path, MOMENT_SCRIPT, method, moment, transfer=transfer)
+    pids = []
+    try:
+        if moment == "mid-epoch":
+            read_pids(proc, HARD_LIMIT)
+        else:
+            deadline = time.monotonic() + HARD_LIMIT
+            while len(children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(1.0 if moment == "start-up" else 0.0)
+        pids = children(proc.pid)
+        assert len(pids) == 2, f"the job's workers: {pids}" + ("" if proc.poll() is None else proc.stderr.read())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        left = wait_gone(pids, ENDED_WITHIN_S)
+        assert not left, f"workers {left} outlived their main process (killed {moment}) by over {ENDED_WITHIN_S} s"
     finally:
         end_job(proc, pids)
 

@@ -173,3 +173,49 @@ def test_a_queue_depth_dalis_pool_cannot_take_is_refused_on_merge(shards, depth)
 def test_separate_queues_work_on_the_ring(shards):
     pipe = make(shards, map=index_map, prefetch_queue_depth={"cpu_size": 2, "gpu_size": 2})()
     assert sorted(indices(DALIShardedIterator(pipe, ["i"]))) == list(range(SHARDS * PER_SHARD))
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_pipeline_scheduled_further_ahead_than_its_transfer_keeps_is_refused(make_shards, tmp_path, transfer, depth):
+    """``schedule_run()`` called more often than ``outputs()``: the merge transfer used to hand DALI
+    batches its pool had already written over (wrong samples) or fail with a raw error. Each
+    transfer keeps so many steps for DALI to read in place (the ring: its workers' slots,
+    ``worker_prefetch + prefetch_queue_depth``; the merge: DALI's pool, ``prefetch_queue_depth``),
+    delivers every step whole that far ahead, refuses one more with a ConfigError, and goes on as
+    if it had not been asked."""
+    paths = make_shards((PER_SHARD,) * SHARDS, lambda i, s, p: {"__key__": f"k{i:03d}", "txt": f"sample {i}".encode()}, folder=tmp_path)
+    room = {"ring": 3 + depth, "merge": depth}[transfer]
+    pipe = identity_pipeline(paths, ("__index__", "__valid__", "txt"), batch_size=4, py_num_workers=2,
+                             transfer=transfer, prefetch_queue_depth=depth, worker_prefetch=3)()  # fmt: skip
+    pipe.build()
+    for _ in range(room - depth + 1):  # the first call runs `depth` steps (DALI's prefetch)
+        pipe.schedule_run()
+    with pytest.raises(ConfigError, match=f"scheduled {room} steps? ahead of its outputs: transfer='{transfer}'"):
+        pipe.schedule_run()
+    seen = []
+    while True:  # `room` steps ahead all along
+        try:
+            index, valid, txt = pipe.outputs()
+        except StopIteration:
+            break
+        for i, v, t in zip(index, valid, txt):
+            if np.array(v):
+                seen.append(int(np.array(i)))
+                assert np.array(t).tobytes() == f"sample {seen[-1]}".encode()
+        pipe.schedule_run()
+    assert sorted(seen) == list(range(SHARDS * PER_SHARD))
+
+
+@pytest.mark.parametrize("exec_async", [False, True])
+def test_without_a_pipelined_executor_the_merge_is_refused_and_the_ring_runs(shards, transfer, exec_async):
+    """``exec_pipelined=False``: DALI never gives its parallel external sources a task (the merge
+    used to fail at its first step with DALI's raw 'No task has been scheduled'); the ring, which
+    needs no pool, delivers every sample exactly once, epoch after epoch."""
+    factory = make(shards, map=index_map, transfer=transfer, exec_async=exec_async, exec_pipelined=False)
+    if transfer == "merge":
+        with pytest.raises(ConfigError, match=f"exec_async={exec_async}, exec_pipelined=False with transfer='merge'"):
+            factory()
+        return
+    it = DALIShardedIterator(factory(), ["i"])
+    for _ in range(2):
+        assert sorted(indices(it)) == list(range(SHARDS * PER_SHARD))

@@ -177,3 +177,70 @@ def _state(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "X"
+
+
+STARTED = """
+import multiprocessing as mp, sys, threading, time
+if __name__ == "__mp_main__":
+    time.sleep(60)  # a spawned child's long start-up: the main module's imports (torch, say)
+from dali_shards.worker.parent import watched_children
+
+def start():
+    with watched_children():
+        child = mp.get_context(sys.argv[1]).Process(target=time.sleep, args=(60,))
+        child.start()
+    print(child.pid, flush=True)
+
+if __name__ == "__main__":
+    if sys.argv[2] == "thread":  # started by a thread: no parent-death signal, only the heartbeat
+        t = threading.Thread(target=start)
+        t.start()
+        t.join()
+    else:
+        start()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("method, by", [("spawn", "main"), ("spawn", "thread"), ("fork", "main"), ("fork", "thread")])
+def test_a_child_started_in_watched_children_ends_with_its_parent_from_its_first_moment(tmp_path, method, by):
+    """Watched before anything of its own runs: a spawned child still importing the main module, a
+    forked one that never enters a source (a plain target), end within about a second of their
+    parent's SIGKILL."""
+    script = tmp_path / "started.py"
+    script.write_text(STARTED)
+    proc = subprocess.Popen([sys.executable, str(script), method, by], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        pid = int(proc.stdout.readline())
+        time.sleep(0.5)  # a spawned child is in its start-up now
+        assert _state(pid) not in "ZX"
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and _state(pid) not in "ZX":
+            time.sleep(0.05)
+        assert _state(pid) in "ZX", "the child outlived its parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid is not None and _state(pid) not in "ZX":
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_only_the_processes_started_in_watched_children_are_watched():
+    """A spawn outside it (or by another thread) gets multiprocessing's preparation data unchanged."""
+    import multiprocessing.spawn
+    import pickle
+
+    from dali_shards.worker.parent import watched_children
+
+    with watched_children():
+        inside = multiprocessing.spawn.get_preparation_data("w")
+        other = []
+        thread = threading.Thread(target=lambda: other.append(multiprocessing.spawn.get_preparation_data("w")))
+        thread.start()
+        thread.join()
+    outside = multiprocessing.spawn.get_preparation_data("w")
+    assert "dali_shards_watch" in inside and "dali_shards_watch" not in other[0] | outside
+    pickle.loads(pickle.dumps(inside["dali_shards_watch"]))  # unpickled in its owner: nothing to watch

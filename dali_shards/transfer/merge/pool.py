@@ -6,9 +6,10 @@ fails loudly on such a DALI version). Imports no DALI.
 
 - ``WorkerWatch`` keeps DALI from blocking forever when a worker process dies.
 - ``kill_workers`` ends every worker of a pipeline at once (stopped ones too).
-- ``start_collected`` makes a pipeline collect garbage before its workers fork, and raise a
-  worker's error as the dali_shards error it was wherever DALI receives it (``pipe.run()``, DALI's
-  own iterators, ours).
+- ``start_collected`` makes a pipeline collect garbage before its workers start (each watching
+  this process from its first moment: ``worker/parent.py``), check each step before DALI takes
+  it from the pool, and raise a worker's error as the dali_shards error it was wherever DALI
+  receives it (``pipe.run()``, DALI's own iterators, ours).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import multiprocessing.connection
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from dali_shards.errors import from_worker
 from dali_shards.transfer.base import dead_of, kill_all, pids_of
+from dali_shards.worker.parent import watched_children
 
 log = logging.getLogger("dali_shards")
 LOST_WORKER_TEXT = "Worker data receiving interrupted"  # what DALI says when a worker of its pool is gone
@@ -125,31 +127,36 @@ def free_lock_of_the_dead(lock: Any) -> bool:
     return True
 
 
-def start_collected(pipeline: Any) -> None:
-    """Make ``pipeline`` collect garbage before its workers start (see ``_start_collected``)."""
-    pipeline.start_py_workers = functools.partial(_start_collected, weakref.ref(pipeline))
+def start_collected(pipeline: Any, before_receive: Callable[[], None]) -> None:
+    """Make ``pipeline`` collect garbage before its workers start (see ``_start_collected``), and
+    call ``before_receive`` each time it is about to take a batch from its pool (it may raise)."""
+    pipeline.start_py_workers = functools.partial(_start_collected, weakref.ref(pipeline), before_receive)
 
 
-def _start_collected(ref: Any, *args: Any, **kwargs: Any) -> Any:
+def _start_collected(ref: Any, before_receive: Callable[[], None], *args: Any, **kwargs: Any) -> Any:
     """``Pipeline.start_py_workers``, after a garbage collection: a pipeline dropped earlier but not
     yet collected would otherwise be collected in a forked worker, right after the fork, where
-    DALI's shutdown of it never returns and the new pipeline's start hangs."""
+    DALI's shutdown of it never returns and the new pipeline's start hangs. The workers watch
+    this process from their first moment (``watched_children``)."""
     gc.collect()
     pipeline = ref()
-    started = type(pipeline).start_py_workers(pipeline, *args, **kwargs)
-    _raise_typed(getattr(pipeline, "_py_pool", None))
+    with watched_children():
+        started = type(pipeline).start_py_workers(pipeline, *args, **kwargs)
+    _receive_checked(getattr(pipeline, "_py_pool", None), before_receive)
     return started
 
 
-def _raise_typed(pool: Any) -> None:
-    """Make ``pool`` raise a worker's error as the dali_shards error it was (``errors.carry``),
-    not as DALI's plain ``Exception`` holding its text: the one place all of DALI's callers of the
-    pool (``pipe.run()``, its iterators) receive a batch."""
+def _receive_checked(pool: Any, before: Callable[[], None]) -> None:
+    """Make ``pool`` call ``before`` ahead of each batch it hands over, and raise a worker's error
+    as the dali_shards error it was (``errors.carry``), not as DALI's plain ``Exception`` holding
+    its text: the one place all of DALI's callers of the pool (``pipe.run()``, its iterators)
+    receive a batch."""
     receive = getattr(pool, "receive_batch", None)
     if receive is None:
         return
 
     def receive_typed(context_i: int) -> Any:
+        before()
         try:
             return receive(context_i)
         except StopIteration:

@@ -11,7 +11,7 @@ from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.errors import from_worker
-from dali_shards.transfer.base import steps_in_flight
+from dali_shards.transfer.base import refuse_scheduled_ahead, steps_in_flight
 from dali_shards.transfer.merge.graph import assemble_fields
 from dali_shards.transfer.merge.pool import LOST_WORKER_TEXT, WorkerWatch, dead_workers, kill_workers, start_collected
 from dali_shards.transfer.merge.pool import worker_pids
@@ -47,7 +47,23 @@ class MergeTransfer:
 
     def attach(self, pipeline: Pipeline) -> None:
         self._pipeline = weakref.ref(pipeline)
-        start_collected(pipeline)
+        start_collected(pipeline, self._refuse_ahead)
+
+    def _refuse_ahead(self) -> None:
+        """Before DALI takes a step's batch from its pool: a ``ConfigError`` where the pipeline is
+        scheduled further ahead of its outputs than the pool keeps batches untouched for (its
+        workers would write the next batches over those DALI still reads)."""
+        pipeline = self._pipeline()
+        if pipeline is None:
+            return
+        depth = pipeline.prefetch_queue_depth
+        refuse_scheduled_ahead(
+            pipeline, depth, "merge",
+            f"lets DALI read each step in place in its pool's shared memory, where only the last "
+            f"prefetch_queue_depth ({depth}) steps are kept from being overwritten by the workers' next batches",
+            "raise prefetch_queue_depth instead (DALI's own prefetch then runs that many steps ahead), or use "
+            "transfer='ring', whose workers keep worker_prefetch + prefetch_queue_depth steps",
+        )  # fmt: skip
 
     def watch(self) -> None:
         """Once the pipeline is built: keep DALI from waiting forever on a dead worker."""

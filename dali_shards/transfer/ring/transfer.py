@@ -29,9 +29,9 @@ from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.tensors import TensorCPU
 
-from dali_shards.errors import ConfigError, WorkerError
+from dali_shards.errors import WorkerError
 from dali_shards.userwarn import warn_user
-from dali_shards.transfer.base import steps_in_flight
+from dali_shards.transfer.base import outputs_pending, refuse_scheduled_ahead, steps_in_flight
 from dali_shards.transfer.ring.assemble import assemble, output_types
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, WorkerGone
 from dali_shards.shm.control import ControlBlock
@@ -112,24 +112,18 @@ class RingFeed:
         """Give back the slots of the calls DALI is done with: ``lifetime`` calls ago, and their
         outputs taken (a pipeline scheduled ahead of its outputs holds them longer). A ``ConfigError``
         where it is scheduled so far ahead that the workers have no slot left for this call."""
-        pending = self.pending()  # calls whose outputs are not taken yet (None: not known)
+        pipeline = self.pipeline() if self.pipeline is not None else None
+        pending = outputs_pending(pipeline)  # calls whose outputs are not taken yet (None: not known)
         while len(self.held) >= self.lifetime and (pending is None or len(self.held) > pending):
             minis, _ = self.held.popleft()
             for consumer, mini in zip(self.workers.consumers, minis):
                 consumer.release(mini.slot)
-        if len(self.held) >= self.workers.depth:
-            raise ConfigError(
-                f"the pipeline was scheduled {len(self.held)} steps ahead of its outputs: transfer='ring' lets DALI "
-                f"read each step in place until its output is taken, and its workers have {self.workers.depth} "
-                "slots each (worker_prefetch + prefetch_queue_depth); take an output before scheduling more, or "
-                "raise worker_prefetch"
-            )
-
-    def pending(self) -> Optional[int]:
-        """How many of this feed's calls DALI has not returned the outputs of (None: unknown)."""
-        pipeline = self.pipeline() if self.pipeline is not None else None
-        count = getattr(pipeline, "_batches_to_consume", None)  # DALI's count: a fed batch not yet taken
-        return count if isinstance(count, int) else None
+        refuse_scheduled_ahead(
+            pipeline, self.workers.depth, "ring",
+            f"lets DALI read each step in place until its output is taken, and its workers have {self.workers.depth} "
+            "slots each (worker_prefetch + prefetch_queue_depth)",
+            "raise worker_prefetch",
+        )  # fmt: skip
 
     def _take(self) -> List[MiniBatch]:
         """Every worker's next mini-batch of this step (its slot held, see ``_release``). A

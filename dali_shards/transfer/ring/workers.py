@@ -23,6 +23,7 @@ from dali_shards.transfer.base import dead_of, kill_all, pids_of
 from dali_shards.transfer.ring.consumer import RingConsumer
 from dali_shards.transfer.ring.producer import RingProducer, Stopped
 from dali_shards.worker.config import WorkerConfig
+from dali_shards.worker.parent import watched_children
 from dali_shards.worker.process import attach_stamps, entered_process
 from dali_shards.worker.sources import make_source
 
@@ -82,11 +83,12 @@ class RingWorkers:
         return bool(self.processes)
 
     def start(self) -> None:
-        """Start the processes (once; all or none). Nothing the parent dropped is finalized in a
-        forked child (a discarded DALI pipeline's shutdown hangs there): see ``_fork_safe``."""
+        """Start the processes (once; all or none), each watching this process from its first
+        moment (``worker/parent.py``). Nothing the parent dropped is finalized in a forked child (a
+        discarded DALI pipeline's shutdown hangs there): see ``_fork_safe``."""
         if self.started:
             return
-        with _fork_safe():
+        with _fork_safe(), watched_children():
             self.processes, self.consumers = self._start_all()
 
     def _start_all(self) -> Tuple[List[Any], List[RingConsumer]]:

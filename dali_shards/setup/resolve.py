@@ -94,7 +94,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     if mixture is not None:  # __stream__ is found from __index__: where each stream's samples begin
         starts = [sum(s.samples for s in shards[:b]) for b in mixture.bounds[:-1]]
         packing.set_streams(starts)
-    spec, streaming = _specs(options, shards, world_size, mixture)
+    spec, streaming = plan_specs(options, shards, world_size, mixture)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     resume_prior: List[Dict[str, Any]]
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
@@ -146,10 +146,12 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     )
 
 
-def _specs(
+def plan_specs(
     options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int, mixture: Optional[MixSpec] = None
 ) -> Tuple[PlanSpec, Optional[StreamingSpec]]:
-    """The plan spec, and in the streaming mode the streaming spec it stands for."""
+    """The plan spec, and in the streaming mode the streaming spec it stands for (what the
+    pipeline's workers follow, and ``dali-shards plan`` prints: interleaving only where every shard
+    has sample offsets and every server answers ranged requests)."""
     layout: Dict[str, Any] = dict(
         world_size=world_size,
         py_num_workers=options.py_num_workers,

@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
-from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.sources import resolve_source
 from dali_shards.errors import ConfigError
-from dali_shards.options import BATCHING, StorageOptions, option_default
-from dali_shards.plan.epoch import LAST_BATCH_MODES, PlanSpec
-from dali_shards.plan.mixture import MixSpec, Stream
-from dali_shards.setup.mixing import resolve_mix
+from dali_shards.options import BATCHING, ShardedOptions, StorageOptions, option_default
+from dali_shards.plan.epoch import LAST_BATCH_MODES
+from dali_shards.plan.mixture import Stream
+from dali_shards.setup.mixing import resolve_shards
+from dali_shards.setup.resolve import plan_specs
 from dali_shards.tools.plan_report import plan_summary
 
 _STREAM = re.compile(r"^(proportion|repeat|choose)=([^:]+):(.+)$")
@@ -58,11 +57,14 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    "(default %(default)s)")  # fmt: skip
     p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"),
                    help="samples each worker holds for its buffer shuffle (default %(default)s)")  # fmt: skip
+    p.add_argument("--shuffle-block", type=int, default=option_default("shuffle_block"),
+                   help="pieces of shards a rank's workers interleave at once when shuffling (0: contiguous runs; "
+                   "default %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _shards(args: argparse.Namespace, config: StorageOptions) -> Tuple[List[ShardInfo], Optional[MixSpec]]:
-    """The shards to plan, and their mix where streams are given."""
+def _options(args: argparse.Namespace, config: StorageOptions) -> ShardedOptions:
+    """The pipeline options the arguments stand for (the plan is resolved as the pipeline's is)."""
     if args.stream and args.patterns:
         raise ConfigError("give the shards as patterns (one dataset) or as --stream (a mix), not both")
     if not args.stream:
@@ -70,24 +72,21 @@ def _shards(args: argparse.Namespace, config: StorageOptions) -> Tuple[List[Shar
             raise ConfigError("--epoch-size and --batching plan a mix: give its streams with --stream")
         if not args.patterns:
             raise ConfigError("no shards given: give patterns, or streams with --stream")
-        return [s for p in args.patterns for s in resolve_source(p, config=config)], None
-    return resolve_mix(args.stream, args.epoch_size, args.batching, lambda source: list(resolve_source(source, config=config)))
+    source = tuple(args.stream) if args.stream else list(args.patterns)
+    return ShardedOptions(
+        source=source, fields=("__index__",), batch_size=args.batch_size, py_num_workers=args.workers,
+        world_size=args.world_size, rank=0, seed=args.seed, shuffle=args.shuffle, last_batch=args.last_batch,
+        shuffle_buffer=args.shuffle_buffer, shuffle_block=args.shuffle_block, epoch_size=args.epoch_size,
+        batching=args.batching, storage=config,
+    )  # fmt: skip
 
 
 def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
-    """Print (or ``--json``) the plan the arguments ask for."""
-    shards, mix = _shards(args, config)
-    spec = PlanSpec(
-        tuple(s.samples for s in shards),
-        world_size=args.world_size,
-        py_num_workers=args.workers,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        shuffle=args.shuffle,
-        last_batch=args.last_batch,
-        shuffle_buffer=args.shuffle_buffer,
-        mixture=mix,
-    )
+    """Print (or ``--json``) the plan the arguments ask for: the one the pipeline's workers follow
+    (resolved the same way: ``setup.resolve.plan_specs``)."""
+    options = _options(args, config)
+    shards, mix = resolve_shards(options)
+    spec, _ = plan_specs(options, shards, args.world_size, mix)
     summary = plan_summary(spec, shards, args.epoch, [s.source for s in args.stream or ()])
     if args.json:
         print(json.dumps(summary, indent=1))

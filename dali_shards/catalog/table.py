@@ -74,10 +74,11 @@ def decode(url: str, raw: bytes, samples: int, size: Optional[int]) -> Tuple[Opt
     if (offsets == -1).all():
         return None, crc
     if offsets[0] != 0:
-        raise ShardFormatError(url, "its record in the manifest's sample table does not begin where the sample counts "
-                               "of the manifest's entries put it: this entry's count, or one before it, was changed "
-                               "after the table was written (or the table is damaged)",
-                               hint="run `dali-shards index` on the shards again to rewrite the manifest and its table")  # fmt: skip
+        raise ShardFormatError(
+            url, "its record in the manifest's sample table does not begin where the sample counts of the manifest's "
+            "entries put it: this entry's count, or one before it, was changed after the table was written (or the "
+            "table is damaged)", hint="run `dali-shards index` on the shards again to rewrite the manifest and its table",
+        )  # fmt: skip
     steps = np.diff(offsets)
     if (steps < BLOCK).any() or (offsets % BLOCK).any() or (size is not None and offsets[-1] + BLOCK > size):
         raise _damaged(url, "its sample offsets do not fit the shard")

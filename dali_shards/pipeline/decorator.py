@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Tuple
 
 from nvidia.dali.pipeline import Pipeline
 
-from dali_shards.errors import ConfigError, UnknownOptionError
+from dali_shards.errors import NotAPipelineError, UnknownOptionError
 from dali_shards.keywords import PipelineFactory, ShardedKeywords, Source
 from dali_shards.options import OPTION_KEYWORDS, STORAGE_KEYWORDS, ShardedOptions, StorageOptions
 from dali_shards.pipeline.build import build_sharded_pipeline
@@ -58,10 +58,10 @@ def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
         return info
     if callable(pipe) and not isinstance(pipe, Pipeline):
         name = getattr(pipe, "__name__", "the function")
-        raise ConfigError(f"expected a pipeline, got the @sharded_pipeline function {name} itself: call it to make the "
-                          f"pipeline, e.g. DALIShardedIterator({name}(), [...])")  # fmt: skip
-    raise ConfigError(f"expected a pipeline made by a @sharded_pipeline function (calling it returns one), got "
-                      f"{type(pipe).__name__}")  # fmt: skip
+        raise NotAPipelineError(f"expected a pipeline, got the @sharded_pipeline function {name} itself: call it to "
+                                f"make the pipeline, e.g. DALIShardedIterator({name}(), [...])")  # fmt: skip
+    raise NotAPipelineError(f"expected a pipeline made by a @sharded_pipeline function (calling it returns one), got "
+                            f"{type(pipe).__name__}")  # fmt: skip
 
 
 def sharded_pipeline(

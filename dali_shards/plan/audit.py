@@ -102,7 +102,8 @@ def summarize(
     if stream_of is not None:  # delivered, and planned to be: with last_batch="drop", less than a stream's draws
         streams = [stream_of(a) if len(a) else np.empty(0, np.int64) for a in (indices, np.asarray(expected, np.int64))]
         width = max((int(x.max()) + 1 for x in streams if len(x)), default=0)
-        report["per_stream"], report["expected_per_stream"] = (np.bincount(x, minlength=width).tolist() for x in streams)
+        per = [np.bincount(x, minlength=width).tolist() for x in streams]
+        report["per_stream"], report["expected_per_stream"] = per
     report["exactly_once"] = (
         not (report["duplicates"] or report["missing"] or report["unexpected"]) and report["equal_steps"]
     )

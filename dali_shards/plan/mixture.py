@@ -56,9 +56,9 @@ class Stream:
 
     def __post_init__(self) -> None:
         if _holds_stream(self.source):
-            raise ConfigError(f"Stream({self.source!r}): a stream's source is shards (a pattern, manifest, directory or "
-                              "list of them), not a Stream: give the weight to one Stream, and list the streams side by "
-                              "side as the mix ([Stream(a, ...), Stream(b, ...)])")  # fmt: skip
+            raise ConfigError(f"Stream({self.source!r}): a stream's source is shards (a pattern, manifest, directory "
+                              "or list of them), not a Stream: give the weight to one Stream, and list the streams "
+                              "side by side as the mix ([Stream(a, ...), Stream(b, ...)])")  # fmt: skip
         given = [n for n in ("proportion", "repeat", "choose") if getattr(self, n) is not None]
         if len(given) > 1:
             raise ConfigError(f"Stream({self.source!r}) gives {' and '.join(given)}: give at most one of them")
@@ -119,8 +119,8 @@ def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: O
     for i, (s, drawn, n) in enumerate(zip(streams, counts, sizes)):
         if drawn is not None and drawn > MAX_PASSES * n:
             raise ConfigError(
-                f"stream {i} ({s.source!r}) would be drawn {drawn} times per epoch, {drawn / n:.4g} passes over its {n} "
-                f"samples: a stream may be drawn at most {MAX_PASSES} passes per epoch (each pass is planned shard by "
+                f"stream {i} ({s.source!r}) would be drawn {drawn} times per epoch, {drawn / n:.4g} passes over its "
+                f"{n} samples: a stream may be drawn at most {MAX_PASSES} passes per epoch (each pass is planned shard by "
                 "shard): lower its repeat=, proportion= or choose=, or epoch_size"
             )
     return tuple(int(c or 0) for c in counts)
@@ -133,9 +133,10 @@ def _fixed(i: int, stream: Stream, size: int) -> Optional[int]:
     repeat = 1.0 if stream.repeat is None else stream.repeat
     draws = int(stream.choose) if stream.choose is not None else repeat * size
     if draws > MAX_EPOCH_DRAWS:
-        given = f"choose={draws}" if isinstance(draws, int) else f"repeat={repeat:.6g} of its {size} samples makes {draws:.4g}"
-        raise ConfigError(f"stream {i} ({stream.source!r}): {given} draws per epoch, more than the {MAX_EPOCH_DRAWS} an "
-                          "epoch of a mix may hold: lower it")  # fmt: skip
+        given = (f"choose={draws}" if isinstance(draws, int)
+                 else f"repeat={repeat:.6g} of its {size} samples makes {draws:.4g}")  # fmt: skip
+        raise ConfigError(f"stream {i} ({stream.source!r}): {given} draws per epoch, more than the {MAX_EPOCH_DRAWS} "
+                          "an epoch of a mix may hold: lower it")  # fmt: skip
     return draws if isinstance(draws, int) else int(math.floor(draws + 0.5))
 
 

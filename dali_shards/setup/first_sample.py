@@ -5,7 +5,8 @@ DALI fixes each output's dtype and number of dimensions when the pipeline is bui
 first sample of the first shard that has one, runs the worker's stage on it (decoders, ``map``),
 and takes the types from there; later samples must keep them. Errors in user code surface here,
 at build time, naming the shard and the sample; under ``on_error="skip"`` the next samples are
-tried.
+tried. The first samples' members are also where a misspelled field is found (``check_fields_present``),
+and the pipeline function's parameters are checked against the fields (``check_graph_call``).
 """
 
 from __future__ import annotations
@@ -92,8 +93,11 @@ def check_fields_present(options: ShardedOptions, shards: Sequence[ShardInfo]) -
             raise _missing_field(options.fields, name, exts, seen)
 
 
-def _lacking(wanted: Sequence[Tuple[str, Tuple[str, ...]]], seen: Sequence[RawSample]) -> List[Tuple[str, Tuple[str, ...]]]:
-    """The fields of ``wanted`` the first of ``seen`` lacks and none of the others holds."""
+Wanted = List[Tuple[str, Tuple[str, ...]]]  # a field's name and the extensions that may provide it
+
+
+def _lacking(wanted: Wanted, seen: Sequence[RawSample]) -> Wanted:
+    """The fields of ``wanted`` that none of the samples ``seen`` holds."""
     if not seen:
         return []
     return [(n, exts) for n, exts in wanted if not any(e in s.extensions for s in seen for e in exts)]
@@ -103,8 +107,9 @@ def _missing_field(fields: Sequence[str], name: str, exts: Sequence[str], seen: 
     have = sorted({e for s in seen for e in s.extensions})
     close = [m for e in exts for m in difflib.get_close_matches(e, have, n=1, cutoff=0.6)]
     first = seen[0]
-    which = (f"the first sample ({first.key!r}) of shard {first.url!r} has no member for it (it has: " if len(seen) == 1
-             else f"none of the first {len(seen)} samples of shard {first.url!r} has a member for it (they have: ")  # fmt: skip
+    which = (f"the first sample ({first.key!r}) of shard {first.url!r} has no member for it (it has: "
+             if len(seen) == 1 else
+             f"none of the first {len(seen)} samples of shard {first.url!r} has a member for it (they have: ")  # fmt: skip
     return ConfigError(
         f"fields={tuple(fields)!r}: field {name!r} is in no sample read: {which}{', '.join(have) or 'no members'})"
         + (f": did you mean {close[0]!r}?" if close else ".")

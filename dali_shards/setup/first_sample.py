@@ -11,13 +11,14 @@ and the pipeline function's parameters are checked against the fields (``check_g
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
-from dali_shards.io.storage import open_shard
+from dali_shards.io.storage import open_shard, shard_cache
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.members import RawSample
 from dali_shards.options import OnError, ShardedOptions, Transfer
@@ -80,8 +81,11 @@ def check_fields_present(options: ShardedOptions, shards: Sequence[ShardInfo]) -
         return
     seen: List[RawSample] = []
     stop = min(PROBE_SAMPLES, first.samples) if first.samples > 0 else PROBE_SAMPLES  # (-1: not counted)
+    cache = shard_cache(options.storage)  # a look: a cached copy read, nothing cached
+    at = (cache.lookup(first.url, first.bytes) if cache is not None else None) or first.url
+    uncached = dataclasses.replace(options.storage, cache_dir=None, cache_limit=None)
     try:
-        with open_shard(first.url, options.storage, first.bytes) as stream:
+        with open_shard(at, uncached, first.bytes) as stream:
             for sample in TarReader(stream, first.url).samples(set(), stop=stop):
                 seen.append(sample)
                 if not _lacking(wanted, seen):

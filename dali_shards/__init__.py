@@ -11,6 +11,7 @@ from dali_shards.errors import (
     ConfigError,
     DaliShardsError,
     EmptyDatasetError,
+    NotAPipelineError,
     RaggedOutputError,
     ShardAccessError,
     ShardMapError,
@@ -90,4 +91,5 @@ __all__ = [
     "ShardMapError",
     "WorkerError",
     "UnknownOptionError",
+    "NotAPipelineError",
 ]

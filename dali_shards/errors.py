@@ -18,6 +18,11 @@ class UnknownOptionError(ConfigError, TypeError):
     """A keyword that is neither an option, a DALI pipeline parameter nor the function's own."""
 
 
+class NotAPipelineError(ConfigError, TypeError):
+    """Something other than a pipeline made by a ``@sharded_pipeline`` function where one is
+    expected (such as the decorated function itself, not called)."""
+
+
 class ManifestNotFound(ConfigError):
     """The manifest file does not exist."""
 

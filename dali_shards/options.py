@@ -327,6 +327,9 @@ def _source(source: Any) -> Any:
         if not all(hasattr(s, "proportion") and hasattr(s, "source") for s in source):
             raise ConfigError(f"a mix is a list of Stream objects only (wrap each source in Stream()), got {source!r}")
         return tuple(source)
+    if hasattr(source, "proportion") and hasattr(source, "source"):
+        raise ConfigError(f"source is one Stream ({source!r}): a mix is a list of them ([Stream(...), ...]); for "
+                          "one dataset, give its shards themselves")  # fmt: skip
     if isinstance(source, (str, os.PathLike)):
         if not os.fspath(source):
             raise ConfigError("source is empty: give shards as a pattern, a manifest, a directory or a list")

@@ -46,7 +46,7 @@ from dali_shards.catalog.entries import BLOCK, Entry, check_entry, is_count
 from dali_shards.catalog.identity import Seen
 from dali_shards.catalog.origins import check_entry_origin
 from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.table import decode, record_starts, records_of, table_path, write_table
+from dali_shards.catalog.table import check_table_counts, decode, record_starts, records_of, table_path, write_table
 from dali_shards.errors import ConfigError, ManifestNotFound, ShardAccessError
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.fsrequest import http_status, probe, unreachable
@@ -115,7 +115,7 @@ def read_manifest(path: str, config: StorageOptions = DEFAULT_STORAGE) -> List[S
         base = os.path.dirname(os.path.abspath(local))
     listed = _listed(path, entries, version, base, config)
     if version >= 3:
-        return _in_table(path, doc, base, remote, listed, entries)
+        return _in_table(path, doc, base, remote, listed, entries, config)
     shards = [ShardInfo(*checked) for checked in listed]
     inline = sum(s.samples for s in shards if s.offsets is not None)
     if inline > INLINE_WARN_SAMPLES:
@@ -151,13 +151,16 @@ def _listed(path: str, entries: list, version: int, base: str, config: StorageOp
     return listed
 
 
-def _in_table(path: str, doc: dict, base: str, remote: bool, shards: List[Entry], entries: list) -> List[ShardInfo]:
+def _in_table(path: str, doc: dict, base: str, remote: bool, shards: List[Entry], entries: list,
+              config: StorageOptions) -> List[ShardInfo]:  # fmt: skip
     """A version-3 manifest's shards (their checked entries), each pointed at its record in the sample table."""
     name = doc.get("sample_table")
     if not isinstance(name, str) or not name or "/" in name or "://" in name or name in (".", ".."):
         raise ConfigError(f'manifest {path!r}: "sample_table" must be the name of a file beside it, got {name!r}')
     table = posixpath.join(base, name) if remote else os.path.join(base, name)
-    starts = record_starts([s.samples for s in shards])  # its size is checked at the start (table.check_tables)
+    counts = [s.samples for s in shards]
+    check_table_counts(path, table, counts, [s.url for s in shards], config)  # (one missing or short: check_tables)
+    starts = record_starts(counts)
     return [
         ShardInfo(*s, table=table, table_at=at, table_spans=e.get("spans", True) is not False,
                   table_keys=e.get("keys", True) is not False)  # fmt: skip

@@ -73,8 +73,14 @@ def decode(url: str, raw: bytes, samples: int, size: Optional[int]) -> Tuple[Opt
     crc.setflags(write=False)
     if (offsets == -1).all():
         return None, crc
+    if offsets[0] != 0:
+        raise ShardFormatError(
+            url, "its record in the manifest's sample table does not begin where the sample counts of the manifest's "
+            "entries put it: this entry's count, or one before it, was changed after the table was written (or the "
+            "table is damaged)", hint="run `dali-shards index` on the shards again to rewrite the manifest and its table",
+        )  # fmt: skip
     steps = np.diff(offsets)
-    if offsets[0] != 0 or (steps < BLOCK).any() or (offsets % BLOCK).any() or (size is not None and offsets[-1] + BLOCK > size):
+    if (steps < BLOCK).any() or (offsets % BLOCK).any() or (size is not None and offsets[-1] + BLOCK > size):
         raise _damaged(url, "its sample offsets do not fit the shard")
     offsets.setflags(write=False)
     return offsets, crc
@@ -186,6 +192,48 @@ def check_tables(shards: Sequence[Any], config: StorageOptions = DEFAULT_STORAGE
         what = "is missing" if size is None else f"holds {size} bytes, fewer than the {end} its shards' counts make"
         raise ConfigError(f"the sample table {table!r} of a manifest {what}: upload it beside its manifest, or run "
                           "`dali-shards index` on the shards again to rewrite the manifest and its table")  # fmt: skip
+
+
+def check_table_counts(manifest: str, table: str, counts: Sequence[int], urls: Sequence[str],
+                       config: StorageOptions = DEFAULT_STORAGE) -> None:  # fmt: skip
+    """A ConfigError if the local sample table of ``manifest`` holds more than the records the
+    counts of its entries make, or records out of the places those counts give them (a count
+    changed after the table was written), naming the first entry at fault. A remote table is
+    checked as workers read its records (``decode``); one missing or short, by ``check_tables``."""
+    if is_remote(table):
+        return
+    starts = record_starts(counts)
+    size = _size(table, config)
+    if size is None or size == starts[-1]:
+        return
+    entry = _misplaced(table, starts, size)
+    if entry is not None:
+        raise ConfigError(
+            f"manifest {manifest!r}: entry {entry} ({urls[entry]!r}) counts {counts[entry]} samples, not the samples "
+            f"of its record in the sample table {table!r} (the records after it are not where its count puts them): "
+            "the manifest was changed after its table was written; run `dali-shards index` on the shards again"
+        )
+    if size > starts[-1]:
+        raise ConfigError(
+            f"manifest {manifest!r}: its entries' sample counts make {starts[-1]} bytes of sample table, but {table!r} "
+            f"holds {size}: its last entry counts fewer samples than its record, or entries were removed from its end "
+            "after the table was written; run `dali-shards index` on the shards again"
+        )
+
+
+def _misplaced(table: str, starts: np.ndarray, size: int) -> Optional[int]:
+    """The entry after which records stop beginning where the counts put them (a record begins
+    with 0, or -1 for a compressed shard), if one does."""
+    path = local_path(table)
+    if path is None or size < 8:
+        return None
+    heads = np.memmap(path, "<i8", mode="r", shape=(size // 8,))
+    at = starts[1:-1] // 8
+    first = np.ones(len(at), np.int64)
+    inside = at < len(heads)
+    first[inside] = heads[at[inside]]
+    off = np.flatnonzero((first != 0) & (first != -1))
+    return int(off[0]) if len(off) else None
 
 
 def _size(table: str, config: StorageOptions) -> Optional[int]:

@@ -14,7 +14,7 @@ from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions, Transfer
 from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.setup.info import ShardedPipelineInfo
-from dali_shards.setup.first_sample import output_names
+from dali_shards.setup.first_sample import check_graph_call, output_names
 from dali_shards.setup.resolve import Resolved, resolve
 from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
@@ -48,6 +48,8 @@ def build_sharded_pipeline(
 ) -> Pipeline:
     """Create the pipeline of a ``@sharded_pipeline`` function for the given options."""
     fn_kwargs = dict(fn_kwargs or {})
+    if options.map is None:  # (with one, the map's outputs are named after the function's parameters)
+        check_graph_call(func, options.fields, fn_args, fn_kwargs)
     start_method = pipeline_kwargs.get("py_start_method", "fork")
     if options.transfer is Transfer.MERGE:  # DALI's pool cannot fork once CUDA is initialised; our workers can
         check_start_method(start_method)

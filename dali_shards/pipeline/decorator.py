@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Tuple
 
 from nvidia.dali.pipeline import Pipeline
 
-from dali_shards.errors import UnknownOptionError
+from dali_shards.errors import NotAPipelineError, UnknownOptionError
 from dali_shards.keywords import PipelineFactory, ShardedKeywords, Source
 from dali_shards.options import OPTION_KEYWORDS, STORAGE_KEYWORDS, ShardedOptions, StorageOptions
 from dali_shards.pipeline.build import build_sharded_pipeline
@@ -46,17 +46,22 @@ def check_keywords(names: Collection[str], where: str, own: Collection[str] = ()
         hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     raise UnknownOptionError(
         f"{where} got unknown keyword(s) {', '.join(hints)}: each keyword must be a sharded_pipeline option "
-        "(help(sharded_pipeline) lists them), a DALI Pipeline parameter"
-        + (", or a parameter of the function" if own else "")
+        "(help(sharded_pipeline) lists them)" + (", a DALI Pipeline parameter, or a parameter of the function" if own
+                                                 else " or a DALI Pipeline parameter")
     )
 
 
 def pipeline_info(pipe: Pipeline) -> ShardedPipelineInfo:
     """The :class:`ShardedPipelineInfo` of a pipeline made by ``@sharded_pipeline``."""
     info = getattr(pipe, "dali_shards", None)
-    if not isinstance(info, ShardedPipelineInfo):
-        raise TypeError("expected a pipeline created by a @sharded_pipeline function")
-    return info
+    if isinstance(info, ShardedPipelineInfo):
+        return info
+    if callable(pipe) and not isinstance(pipe, Pipeline):
+        name = getattr(pipe, "__name__", "the function")
+        raise NotAPipelineError(f"expected a pipeline, got the @sharded_pipeline function {name} itself: call it to "
+                                f"make the pipeline, e.g. DALIShardedIterator({name}(), [...])")  # fmt: skip
+    raise NotAPipelineError(f"expected a pipeline made by a @sharded_pipeline function (calling it returns one), got "
+                            f"{type(pipe).__name__}")  # fmt: skip
 
 
 def sharded_pipeline(

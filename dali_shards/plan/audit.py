@@ -89,7 +89,8 @@ def summarize(
     """The audit report of an epoch from every rank's ``(indices, skipped, steps)``; ``lost``: the
     dataset's damaged shards (see ``lost_shards``). Samples are compared draw for draw: in a mix a
     sample may be planned more than once an epoch (``stream_of``: each index's stream, counted per
-    stream in ``per_stream``; ``plan_check``: a resumed epoch's ``check_plan``, which must be clean too)."""
+    stream in ``per_stream``, and what the plan delivers of each in ``expected_per_stream``; ``plan_check``:
+    a resumed epoch's ``check_plan``, which must be clean too)."""
     indices = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in ranks]) if ranks else np.empty(0, np.int64)
     skipped = np.unique(np.concatenate([np.asarray(r[1], dtype=np.int64) for r in ranks])) if ranks else indices
     unique, counts = np.unique(indices, return_counts=True)
@@ -116,8 +117,11 @@ def summarize(
         "missing_examples": missing[:10].tolist(),
         "duplicate_examples": planned[got > times][:10].tolist(),
     }
-    if stream_of is not None:
-        report["per_stream"] = np.bincount(stream_of(indices)).tolist() if len(indices) else []
+    if stream_of is not None:  # delivered, and planned to be: with last_batch="drop", less than a stream's draws
+        streams = [stream_of(a) if len(a) else np.empty(0, np.int64) for a in (indices, np.asarray(expected, np.int64))]
+        width = max((int(x.max()) + 1 for x in streams if len(x)), default=0)
+        per = [np.bincount(x, minlength=width).tolist() for x in streams]
+        report["per_stream"], report["expected_per_stream"] = per
     if plan_check is not None:
         report.update(plan_check)
     wrong = [report[k] for k in ("duplicates", "missing", "unexpected", "plan_missing", "plan_duplicates") if k in report]

@@ -79,6 +79,8 @@ class PlanSpec(BatchLayout):
         self._check_layout()
         if (sizes < 0).any():
             raise ConfigError(f"shard sizes must be non-negative, got {sizes[sizes < 0][:5].tolist()}")
+        if self.mixture is not None:
+            self.mixture.check_plannable(sizes)  # (before any epoch is planned: a mix may ask for too much)
         if self.num_samples == 0:
             raise EmptyDatasetError(
                 f"the {len(self.shard_sizes)} shard(s) hold no samples; check the shard paths "

@@ -37,6 +37,12 @@ from dali_shards.options import BATCHING
 from dali_shards.plan import passes
 from dali_shards.plan.units import Units
 
+# An epoch of a mix is planned draw by draw (each rank's samples), and each pass of a stream shard by
+# shard: these bound what one may ask for (docs/mixing.md#limits).
+MAX_EPOCH_DRAWS = 1 << 40  # draws per epoch, of each stream and of all: 100x the largest dataset measured
+MAX_PASSES = 1 << 16  # passes over a stream per epoch (repeat= at most this)
+MAX_STRETCHES = 1 << 22  # stretches of shards an epoch plans over (a shard in a pass), all streams together
+
 @dataclass(frozen=True)
 class Stream:
     """One dataset of a mix (see the module): ``source`` as ``sharded_pipeline`` takes it, and at
@@ -49,17 +55,28 @@ class Stream:
     choose: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if _holds_stream(self.source):
+            raise ConfigError(f"Stream({self.source!r}): a stream's source is shards (a pattern, manifest, directory "
+                              "or list of them), not a Stream: give the weight to one Stream, and list the streams "
+                              "side by side as the mix ([Stream(a, ...), Stream(b, ...)])")  # fmt: skip
         given = [n for n in ("proportion", "repeat", "choose") if getattr(self, n) is not None]
         if len(given) > 1:
             raise ConfigError(f"Stream({self.source!r}) gives {' and '.join(given)}: give at most one of them")
-        for name in ("proportion", "repeat"):
+        for name, least in (("proportion", "> 0"), ("repeat", ">= 0")):
             value = getattr(self, name)
-            if value is not None and (not _real(value) or not math.isfinite(value) or value < 0):
-                raise ConfigError(f"Stream({self.source!r}): {name} must be a number >= 0, got {value!r}")
-        if self.proportion is not None and self.proportion <= 0:
-            raise ConfigError(f"Stream({self.source!r}): proportion must be > 0, got {self.proportion!r}")
+            if value is None:
+                continue
+            if not _real(value) or not math.isfinite(value) or value < 0 or (name == "proportion" and value == 0):
+                raise ConfigError(f"Stream({self.source!r}): {name} must be a finite number {least}, got {value!r}")
         if self.choose is not None and (not isinstance(self.choose, numbers.Integral) or isinstance(self.choose, bool) or self.choose < 0):
             raise ConfigError(f"Stream({self.source!r}): choose must be an integer >= 0, got {self.choose!r}")
+
+
+def _holds_stream(source: Any) -> bool:
+    """Whether ``source`` is a ``Stream``, or a list of sources with one among them."""
+    if isinstance(source, (list, tuple)):
+        return any(isinstance(s, Stream) for s in source)
+    return isinstance(source, Stream)
 
 
 def _real(value: Any) -> bool:
@@ -68,14 +85,20 @@ def _real(value: Any) -> bool:
 
 def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: Optional[int]) -> Tuple[int, ...]:
     """Draws per epoch of each stream of ``sizes`` samples (see the module); a ConfigError naming
-    the stream for an empty stream, ``choose`` beyond ``epoch_size``, or proportions with nothing
-    to share."""
+    the stream for an empty stream, ``choose`` beyond ``epoch_size``, proportions with nothing to
+    share, or more draws than an epoch may hold (``MAX_EPOCH_DRAWS``, ``MAX_PASSES``)."""
     for i, (s, n) in enumerate(zip(streams, sizes)):
         if n == 0:
             raise ConfigError(f"stream {i} ({s.source!r}) holds no samples: a mix needs samples in every stream")
-    fixed = [_fixed(s, n) for s, n in zip(streams, sizes)]
+    if epoch_size is not None and epoch_size > MAX_EPOCH_DRAWS:
+        raise ConfigError(f"epoch_size={epoch_size} is more than the {MAX_EPOCH_DRAWS} draws an epoch of a mix may "
+                          "hold: give a smaller epoch_size (an epoch is planned draw by draw)")  # fmt: skip
+    fixed = [_fixed(i, s, n) for i, (s, n) in enumerate(zip(streams, sizes))]
     # the default epoch: every stream's count, a proportion stream counting its size
     total = sum(n if c is None else c for c, n in zip(fixed, sizes)) if epoch_size is None else epoch_size
+    if total > MAX_EPOCH_DRAWS:
+        raise ConfigError(f"the streams' counts make {total} draws per epoch, more than the {MAX_EPOCH_DRAWS} an epoch "
+                          "of a mix may hold: lower their repeat= or choose=")  # fmt: skip
     for i, s in enumerate(streams):
         if s.choose is not None and s.choose > total:
             raise ConfigError(f"stream {i} ({s.source!r}): choose={s.choose} is more than epoch_size={total}")
@@ -93,23 +116,38 @@ def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: O
     if shared:
         for i, c in zip(shared, largest_remainder(left, [float(streams[i].proportion or 0) for i in shared])):
             counts[i] = c
+    for i, (s, drawn, n) in enumerate(zip(streams, counts, sizes)):
+        if drawn is not None and drawn > MAX_PASSES * n:
+            raise ConfigError(
+                f"stream {i} ({s.source!r}) would be drawn {drawn} times per epoch, {drawn / n:.4g} passes over its "
+                f"{n} samples: a stream may be drawn at most {MAX_PASSES} passes per epoch (each pass is planned shard by "
+                "shard): lower its repeat=, proportion= or choose=, or epoch_size"
+            )
     return tuple(int(c or 0) for c in counts)
 
 
-def _fixed(stream: Stream, size: int) -> Optional[int]:
-    if stream.choose is not None:
-        return int(stream.choose)
+def _fixed(i: int, stream: Stream, size: int) -> Optional[int]:
+    """Stream ``i``'s draws by ``choose`` or ``repeat`` (None: a proportion), at most ``MAX_EPOCH_DRAWS``."""
     if stream.proportion is not None:
         return None
-    return int(math.floor((1.0 if stream.repeat is None else stream.repeat) * size + 0.5))
+    repeat = 1.0 if stream.repeat is None else stream.repeat
+    draws = int(stream.choose) if stream.choose is not None else repeat * size
+    if draws > MAX_EPOCH_DRAWS:
+        given = (f"choose={draws}" if isinstance(draws, int)
+                 else f"repeat={repeat:.6g} of its {size} samples makes {draws:.4g}")  # fmt: skip
+        raise ConfigError(f"stream {i} ({stream.source!r}): {given} draws per epoch, more than the {MAX_EPOCH_DRAWS} "
+                          "an epoch of a mix may hold: lower it")  # fmt: skip
+    return draws if isinstance(draws, int) else int(math.floor(draws + 0.5))
 
 
 def largest_remainder(total: int, weights: Sequence[float]) -> List[int]:
     """``total`` split in proportion to ``weights`` into integers that sum to it exactly."""
-    weight = sum(weights)
-    if weight <= 0:
-        raise ConfigError(f"proportions must sum to more than 0, got {list(weights)}")
-    exact = [total * w / weight for w in weights]
+    top = max(weights, default=0.0)
+    if not top > 0 or not math.isfinite(top):
+        raise ConfigError(f"proportions must be finite and sum to more than 0, got {list(weights)}")
+    scaled = [w / top for w in weights]  # (at most 1 each: their sum stays finite whatever the weights)
+    weight = sum(scaled)
+    exact = [total * w / weight for w in scaled]
     counts = [int(math.floor(x)) for x in exact]
     for i in sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))[: total - sum(counts)]:
         counts[i] += 1
@@ -132,6 +170,25 @@ class MixSpec:
     @property
     def epoch_size(self) -> int:
         return sum(self.counts)
+
+    def check_plannable(self, sizes: np.ndarray) -> None:
+        """A ConfigError naming the stream that takes the most stretches of shards if an epoch could
+        take more than ``MAX_STRETCHES`` (a stream drawn ``count`` times: its shards in each pass the
+        window of an epoch touches, at most every sample once)."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        stretches = []
+        for first, stop, count in zip(self.bounds, self.bounds[1:], self.counts):
+            size, shards = int(sizes[first:stop].sum()), int((sizes[first:stop] > 0).sum())
+            passes_touched = count // size + (0 if count % size == 0 else 2) if size else 0
+            stretches.append(min(count, passes_touched * shards))
+        if sum(stretches) > MAX_STRETCHES:
+            i = int(np.argmax(stretches))
+            raise ConfigError(
+                f"an epoch of this mix may plan over {sum(stretches)} stretches of shards (a shard in a pass), more "
+                f"than the {MAX_STRETCHES} an epoch may hold; stream {i} takes {stretches[i]} ({self.counts[i]} draws "
+                f"over its {int((sizes[self.bounds[i]:self.bounds[i + 1]] > 0).sum())} shards): lower its repeat=, "
+                "proportion= or choose=, or epoch_size"
+            )
 
     def stream_of(self, shards: np.ndarray) -> np.ndarray:
         """The stream of each shard (indices into all shards)."""

@@ -168,9 +168,12 @@ class DALIShardedIterator(DALIGenericIterator):
 
     @property
     def step(self) -> int:
-        """Batches of the current epoch returned so far (after a resume with the same layout, those
-        returned before the save included)."""
-        return self._step
+        """Steps of the current epoch taken so far on this rank: the batches returned, and those the
+        runs its ``resume_from`` state came from took in that epoch (after a resume under the same
+        layout, the state's step; under another layout, the steps of the layouts before it, then
+        on). It never goes back within an epoch; ``len(it)`` counts the batches this iterator
+        delivers in the epoch from where it started it."""
+        return self._step + sum(int(entry["steps"]) for entry in self.info.prior(self.epoch))
 
     def __len__(self) -> int:
         """Batches this iterator delivers in the current epoch, from where it started it: the steps

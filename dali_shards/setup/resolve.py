@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.errors import ConfigError
-from dali_shards.setup.first_sample import choose_outputs_layout, first_sample_outputs, table_or_packed
+from dali_shards.setup.first_sample import check_fields_present, choose_outputs_layout, first_sample_outputs, table_or_packed
 from dali_shards.setup.lengths import SampleLengths
 from dali_shards.fields import check_decoders
 from dali_shards.shm.packing import Packing
@@ -102,7 +102,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
     if options.resume_from is not None:
         start_epoch, resume_plan, resume_prior = resume_point(spec, dict(options.resume_from), dataset, lengths)
     resumed = options.resume_from or {}
-    excluded = tuple(sorted({int(i) for i in resumed.get("excluded", ())}))
+    excluded = excluded_samples(resumed, shards)
     stand_in = resumed.get("stand_in")
     if streaming is None:
         mode: Mode = Planned(spec, resume_plan)
@@ -144,6 +144,19 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         lengths=lengths,
         excluded=excluded,
     )
+
+
+def excluded_samples(resumed: Mapping[str, Any], shards: Sequence[ShardInfo]) -> Tuple[int, ...]:
+    """The samples a resume state excludes (those DALI's operators failed on), sorted; a
+    ConfigError if that is every sample: nothing would be left to deliver."""
+    excluded = tuple(sorted({int(i) for i in resumed.get("excluded", ())}))
+    if excluded and len(excluded) >= sum(s.samples for s in shards if s.samples > 0):
+        raise ConfigError(
+            f"every one of the dataset's {len(excluded)} samples is excluded (\"excluded\" in the resume state: the "
+            "samples DALI's operators failed on, under on_error='skip'): nothing is left to deliver. Fix the pipeline "
+            "step that fails on every sample, or remove \"excluded\" from the state to try them again"
+        )
+    return excluded
 
 
 def plan_specs(
@@ -261,6 +274,8 @@ def choose_stage(
     """The workers' Python stage (its packing included) and, with a ``map``, the sizes of its
     outputs in the first sample; user callables are made portable (refused here if they cannot
     be pickled), and the types of ``.npy`` fields and ``map`` outputs taken from the first sample."""
+    if not options.mixing:  # (a mix's streams are checked one by one: ``setup.mixing``)
+        check_fields_present(options, shards)
     mapper = Portable(options.map, "map") if options.map is not None else None
     decoders = {k: (None if v is None else Portable(v, f"decoders[{k!r}]")) for k, v in check_decoders(options.decoders, options.fields).items()}
     bucket_by = Portable(options.bucket_by, "bucket_by") if options.bucket_by is not None else None

@@ -8,11 +8,14 @@ mode, gzip header without a timestamp), so shards can be checksummed and rebuilt
 from __future__ import annotations
 
 import gzip
+import inspect
 import io
 import logging
+import math
+import numbers
 import os
 import tarfile
-from typing import Any, Iterable, List, Mapping, Optional, TypeVar, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.manifest import read_manifest, write_manifest
@@ -174,6 +177,37 @@ def kept_entries(path: str, written: List[ShardInfo]) -> List[ShardInfo]:
     return kept
 
 
+WEBDATASET_NAMES = {"maxcount": "max_count", "maxsize": "max_size", "start_shard": "start"}  # theirs: ours
+
+
+def _ours(names: Mapping[str, Any], ours: Dict[str, Any]) -> Dict[str, Any]:
+    """``ours`` with webdataset's spellings of the same options (``maxcount=``...) in ``names``
+    taken as ours; a ConfigError for an option given both ways, or one we do not have."""
+    defaults = {k: v.default for k, v in inspect.signature(ShardWriter.__init__).parameters.items()}
+    for name, value in names.items():
+        mine = WEBDATASET_NAMES.get(name)
+        if mine is None:
+            raise ConfigError(
+                f"ShardWriter got an unknown keyword {name!r}: its options are max_count (webdataset's maxcount), "
+                "max_size (maxsize), start (start_shard) and manifest"
+            )
+        if ours[mine] != defaults[mine]:
+            raise ConfigError(f"ShardWriter got both {mine}= and {name}= (webdataset's name for it): give one")
+        ours[mine] = value
+    return ours
+
+
+def _whole(name: str, value: Any, least: int) -> int:
+    """``value`` as an int (an integral float such as ``1e5`` too), at least ``least``."""
+    try:
+        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number != int(number) or number < least:
+        raise ConfigError(f"ShardWriter: {name} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
 class ShardWriter(_Closing):
     """Writes samples into numbered shards, as webdataset's ``ShardWriter`` does, and their manifest.
 
@@ -183,7 +217,9 @@ class ShardWriter(_Closing):
     compression; a sample larger than that gets a shard of its own). On ``close()`` (or the end of a
     ``with`` block) the manifest of the shards written (sample counts and offsets, for a fast
     start and exact resume) goes to ``manifest`` (True: ``manifest.json`` beside the shards; a
-    path; False: none).
+    path; False: none). webdataset's names ``maxcount``, ``maxsize`` and ``start_shard`` are taken
+    for ``max_count``, ``max_size`` and ``start`` (``max_size`` is a bound: webdataset's ``maxsize``
+    lets a shard pass it by one sample); any other keyword is a ConfigError naming ours.
 
     - ``write(sample)``: one sample, a dict with ``"__key__"`` (a str without dots) and one value
       per member extension: bytes as they are, str as UTF-8, int and float as text, dict / list as
@@ -199,15 +235,15 @@ class ShardWriter(_Closing):
         max_size: Optional[int] = None,
         start: int = 0,
         manifest: Union[bool, str] = True,
+        **webdataset_names: Any,
     ) -> None:
-        if "%" not in pattern:
+        if not isinstance(pattern, str) or "%" not in pattern:
             raise ConfigError(f"shard pattern {pattern!r} needs a %-format for the shard number, e.g. train-%06d.tar")
-        if max_count < 1:
-            raise ConfigError("max_count must be at least 1")
+        given = _ours(webdataset_names, dict(max_count=max_count, max_size=max_size, start=start))
         self.pattern = pattern
-        self.max_count = max_count
-        self.max_size = check_max_size(max_size)
-        self.number = start
+        self.max_count = _whole("max_count", given["max_count"], 1)
+        self.max_size = check_max_size(None if given["max_size"] is None else _whole("max_size", given["max_size"], 0))
+        self.number = _whole("start", given["start"], 0)
         self.paths: List[str] = []
         self.counts: List[int] = []
         self.manifest = manifest

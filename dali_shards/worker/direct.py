@@ -126,7 +126,8 @@ class DirectStep:
             try:
                 return self._direct(out)
             except NotDirect:
-                self._packed = self._general()
+                pass  # (the general way outside the handler: its errors do not chain to NotDirect)
+            self._packed = self._general()
         size = self.packing.table_size(self._packed)
         if size > len(out):
             raise Grow(size)

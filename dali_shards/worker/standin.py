@@ -43,10 +43,12 @@ class StandIn:
             self.packed = first_good(self.config)
         if self.packed is None:
             cfg = self.config
+            out = f" ({len(cfg.excluded)} are excluded by the resume state: samples DALI's operators failed on)"
             raise ShardFormatError(
                 cfg.urls[0] if len(cfg.urls) == 1 else "(several)",
                 f"worker {cfg.virtual_worker} found no readable sample in its part of the epoch to stand in for the "
-                "skipped ones", hint="check the shards with `dali-shards inspect`",
+                f"skipped ones{out if cfg.excluded else ''}", hint="check the shards with `dali-shards inspect`"
+                + (", and the pipeline step that fails on them" if cfg.excluded else ""),
             )  # fmt: skip
         return self.packed
 

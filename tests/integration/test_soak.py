@@ -40,7 +40,7 @@ def test_twenty_epochs_with_resumes(tmp_path):
         epoch = ranks[0].epoch
         stop_at = None
         if epoch % 3 == 2:  # every third epoch: stop at a random step and resume from the state
-            stop_at = rng.randrange(ranks[0].step, len(ranks[0]) + 1)
+            stop_at = rng.randrange(ranks[0].step, ranks[0].step + len(ranks[0]) + 1)  # (step: of the epoch)
         for it in ranks:
             while stop_at is None or it.step < stop_at:
                 try:

@@ -185,3 +185,23 @@ def test_a_state_of_a_mix_does_not_resume_another(streams):
     with pytest.raises(ConfigError, match="mix"):
         one = [p for s in streams for p in s]  # the same shards, as one dataset
         identity_pipeline(one, ("__index__", "__valid__"), batch_size=4, py_num_workers=2, shuffle=True, seed=3)(resume_from=state)
+
+
+@pytest.mark.parametrize("batching", ["random", "stratified"])
+def test_drop_leaves_out_the_last_partial_batch_of_draws_as_the_plan_and_the_audit_say(streams, batching):
+    """last_batch="drop" with a mix: the draws of the last partial global batch are left out, so a
+    stream delivers up to its share of them fewer than its count; `dali-shards plan` and the audit
+    give each stream's deliveries alike (docs/mixing.md)."""
+    from dali_shards.tools.plan_report import plan_summary
+
+    pipe = mixed(streams, batching=batching, last_batch="drop", epoch_size=63, world_size=1)()
+    info = pipe.dali_shards
+    assert sum(info.mixture.counts) == 63 and info.spec.planned_samples == 60 and info.spec.dropped_per_epoch == 3
+    epochs, it = run(pipe)
+    for epoch, (steps, audit) in enumerate(zip(epochs, it.audits)):
+        got = Counter(s for step in steps for _, s in step)
+        delivered = [got[i] for i in range(3)]
+        assert audit["exactly_once"] and audit["per_stream"] == audit["expected_per_stream"] == delivered
+        planned = [s["delivered"] for s in plan_summary(info.spec, info.shards, epoch, streams)["streams"]]
+        assert planned == delivered and sum(delivered) == 60, f"epoch {epoch}"
+        assert all(c - 3 <= d <= c for c, d in zip(info.mixture.counts, delivered))

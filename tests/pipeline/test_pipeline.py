@@ -3,6 +3,7 @@
 import hashlib
 import math
 import re
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -176,20 +177,60 @@ def test_third_party_shard_matches_webdataset(workers, mnist_shard):
     assert got == want and len(got) == 90
 
 
-def test_missing_field_error_names_shard_and_sample(photo_shards):
-    @sharded_pipeline(
-        photo_shards["pattern"], fields=("jpg", "txt"), batch_size=2, py_num_workers=2, num_threads=1, device_id=None
-    )
+def test_missing_field_error_names_shard_and_sample(make_shards):
+    """A field only some samples lack: the run stops at the first such sample, naming it."""
+
+    def sample(index, shard, position):
+        return {"__key__": f"{index:06d}", "bin": b"x", **({} if index == 5 else {"txt": b"y"})}
+
+    paths = make_shards((4, 4), sample, prefix="some-lack-txt")
+
+    @sharded_pipeline(paths, fields=("bin", "txt"), batch_size=2, py_num_workers=2, num_threads=1, device_id=None)
     def pipe(jpg, txt):
         return jpg, txt
 
-    p = pipe()
+    p = pipe()  # (the first sample has the field: not refused when built)
     p.build()
     with pytest.raises(Exception) as err:
-        p.run()
+        for _ in range(4):
+            p.run()
     text = str(err.value)
-    assert re.search(r"shard '[^']*sample-00000\d\.tar', sample '\d{6}': no member for field 'txt'", text), text
+    assert re.search(r"shard '[^']*some-lack-txt-000001\.tar', sample '000005': no member for field 'txt'", text), text
     assert "What to do" in text
+    assert "NotDirect" not in "".join(traceback.format_exception(err.value)), "the fast path's hand-over is not shown"
+
+
+def test_a_misspelled_field_is_one_error_when_the_pipeline_is_built(photo_shards):
+    """fields=("jpeg", "cls") on .jpg shards: a ConfigError at build naming the field, with the
+    extensions the samples hold and the nearest one, not an error chain at the first batch."""
+
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpeg", "cls"), batch_size=2, py_num_workers=1, device_id=None)
+    def pipe(jpg, cls):
+        return jpg, cls
+
+    with pytest.raises(ConfigError) as err:
+        pipe()
+    text = str(err.value)
+    assert "field 'jpeg' is in no sample read" in text and "(they have: cls, jpg): did you mean 'jpg'?" in text, text
+    assert err.value.__cause__ is None and err.value.__context__ is None
+
+
+def test_a_function_whose_parameters_do_not_match_the_fields_is_a_config_error(photo_shards):
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpg", "cls"), batch_size=2, py_num_workers=1, device_id=None)
+    def pipe(jpg):
+        return jpg
+
+    with pytest.raises(ConfigError, match=r"pipe\(jpg\) cannot take the fields: .*fields=\('jpg', 'cls'\).*give pipe one "
+                       r"parameter per field"):
+        pipe()
+
+    @sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, device_id=None)
+    def scaled(jpg, factor):
+        return jpg
+
+    with pytest.raises(ConfigError, match=r"scaled\(jpg, factor\) cannot take the fields"):
+        scaled()
+    scaled(factor=2)  # given when called: fine
 
 
 def test_configuration_errors(photo_shards):
@@ -210,6 +251,12 @@ def test_a_misspelled_option_is_refused_when_the_decorator_runs(photo_shards, ca
     with pytest.raises(ConfigError, match="'shufle' \\(did you mean 'shuffle'\\?\\)") as err:
         sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, shufle=True)
     assert isinstance(err.value, TypeError)  # also what Python raises for an unexpected keyword
+    assert str(err.value).endswith("must be a sharded_pipeline option (help(sharded_pipeline) lists them) or a DALI "
+                                   "Pipeline parameter"), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        index_pipeline(photo_shards["pattern"], batch_size=4, py_num_workers=2)(no_such_option=1)
+    assert str(err.value).endswith("(help(sharded_pipeline) lists them), a DALI Pipeline parameter, or a parameter of "
+                                   "the function"), str(err.value)
     with pytest.raises(ConfigError, match="'num_thread' \\(did you mean 'num_threads'\\?\\)"):
         sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, num_thread=1)
     sharded_pipeline(photo_shards["pattern"], fields=("jpg",), batch_size=2, py_num_workers=1, enable_conditionals=True)

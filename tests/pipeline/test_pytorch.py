@@ -190,3 +190,15 @@ def test_reset_mid_epoch_in_the_streaming_mode(tmp_path):
     it.reset()
     assert max(produced(pipe, 0)) <= 1 + 2 + 2 + 1 and len(set(produced(pipe, 0))) == 1
     assert sum(1 for _ in it) == 200 and it.epoch == 2
+
+
+def test_the_decorated_function_itself_instead_of_a_pipeline_says_to_call_it(photo_shards):
+    from dali_shards import ConfigError, NotAPipelineError
+
+    train = make_pipe(photo_shards["pattern"], world_size=1)
+    with pytest.raises(NotAPipelineError, match=r"got the @sharded_pipeline function pipe itself: call it to make the pipeline, "
+                       r"e\.g\. DALIShardedIterator\(pipe\(\), \[\.\.\.\]\)"):
+        DALIShardedIterator(train, NAMES)
+    with pytest.raises(NotAPipelineError, match="expected a pipeline made by a @sharded_pipeline function .*got str") as err:
+        DALIShardedIterator("train", NAMES)
+    assert isinstance(err.value, TypeError) and isinstance(err.value, ConfigError)

@@ -86,7 +86,10 @@ def test_elastic_resume_on_another_layout(photo_shards, transfer):
     epoch1 = []
     for rank in range(3):
         it = DALIShardedIterator(new(rank=rank, resume_from=state), ["image", "index"])
+        assert it.epoch == 0 and it.step == 2, "step: the epoch's steps so far, those under the old layout included"
+        left = len(it)  # the batches this iterator delivers in the epoch
         rest = batches(it)  # the rest of epoch 0
+        assert [step for _, step, _ in rest] == list(range(2, 2 + left)) and len(rest) == left
         steps.append(len(rest))
         for _, _, idx in rest:
             seen.update(idx)
@@ -158,3 +161,15 @@ def test_interleaved_epochs_resume_exactly_once_under_another_layout(tmp_path, t
     rest = DALIShardedIterator(make(paths, world_size=1, transfer=transfer)(rank=0, resume_from=state), ["image", "index"])
     seen += [i for epoch, _, b in batches(rest) if epoch == 0 for i in b]
     assert sorted(seen) == list(range(47))
+
+
+def test_a_state_that_excludes_every_sample_is_refused_when_built(make_shards):
+    """Not a worker's "no readable sample ... check the shards" at the first batch."""
+    paths = make_shards((4, 4), prefix="excluded")
+    train = identity_pipeline(paths, ("__index__",), batch_size=2, py_num_workers=1, world_size=1, on_error="skip")
+    state = DALIShardedIterator(train(), ["index"]).state_dict()
+    with pytest.raises(ConfigError, match=r"every one of the dataset's 8 samples is excluded \(\"excluded\" in the resume "
+                       r"state: the samples DALI's operators failed on.*remove \"excluded\" from the state"):
+        train(resume_from={**state, "excluded": list(range(8))})
+    it = DALIShardedIterator(train(resume_from={**state, "excluded": list(range(7))}), ["index"])
+    assert [i for (batch,) in it for i in batch["index"].reshape(-1).tolist()] == [7]

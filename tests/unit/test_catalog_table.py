@@ -1,6 +1,7 @@
 """Version-3 manifests: per-shard entries in the JSON, per-sample offsets and key fingerprints in the
 sample table beside it, read one shard's record at a time by the worker that reads the shard."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -89,6 +90,35 @@ def test_a_damaged_record_names_its_shard_when_read(tmp_path, shards):
     assert load_index(listed[0]).offsets is not None
     with pytest.raises(ShardFormatError, match=r"s-1\.tar.*sample table is damaged"):
         load_index(listed[1])
+
+
+@pytest.mark.parametrize("entry, change", [(0, -1), (1, -1), (2, +1), (3, -1), (3, +1)])
+def test_an_entry_counting_other_samples_than_its_record_is_named(tmp_path, shards, entry, change):
+    """A count changed by hand after indexing: the entry is named when the manifest is read (the
+    records after it out of place), not another shard's record when a worker reads it."""
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    doc = json.load(open(manifest))
+    doc["shards"][entry]["samples"] += change
+    json.dump(doc, open(manifest, "w"))
+    if entry < 3:
+        words = rf"entry {entry} \('[^']*s-{entry}\.tar'\) counts \d+ samples, not the samples of its record"
+    elif change < 0:
+        words = r"make \d+ bytes of sample table, but .*manifest\.samples' holds \d+: its last entry counts fewer"
+    else:  # the last entry counts more: the table is short (check_tables)
+        words = r"holds \d+ bytes, fewer than"
+    with pytest.raises(ConfigError, match=words):
+        resolve_source(manifest)
+
+
+def test_a_record_out_of_place_says_that_a_count_changed(tmp_path, shards):
+    """Where the entries were not checked against the table (a remote one), the worker that reads a
+    record out of its place says a count was changed, not that its shard's record is damaged."""
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(manifest, scan_shards(shards))
+    moved = dataclasses.replace(read_manifest(manifest)[2], table_at=read_manifest(manifest)[2].table_at - 8)
+    with pytest.raises(ShardFormatError, match=r"s-2\.tar.*does not begin where the sample counts of the manifest's"):
+        load_index(moved)
 
 
 @pytest.mark.parametrize("name", ["../x.samples", "/etc/passwd", "http://elsewhere/x.samples", ""])

@@ -9,7 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dali_shards.errors import ConfigError
-from dali_shards.plan.mixture import MixSpec, Stream, largest_remainder, stream_counts
+from dali_shards.plan.epoch import PlanSpec
+from dali_shards.plan.mixture import MAX_PASSES, MAX_STRETCHES, MixSpec, Stream, largest_remainder, stream_counts
 
 
 def test_each_kind_of_count_is_exact():
@@ -46,10 +47,51 @@ def test_impossible_mixes_are_config_errors_naming_the_stream(streams, sizes, ep
 
 
 @pytest.mark.parametrize("kwargs, words", [(dict(proportion=1, repeat=2), "at most one"), (dict(proportion=0), "> 0"),
-                                           (dict(repeat=-1), ">= 0"), (dict(choose=2.5), "integer"), (dict(proportion=float("nan")), ">= 0")])  # fmt: skip
+                                           (dict(proportion=-1), "proportion must be a finite number > 0, got -1"),
+                                           (dict(repeat=-1), ">= 0"), (dict(choose=2.5), "integer"), (dict(proportion=float("nan")), "> 0")])  # fmt: skip
 def test_a_bad_stream_is_refused(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         Stream("x", **kwargs)
+
+
+@pytest.mark.parametrize("source", [Stream("a"), [Stream("a", repeat=2)], ["b.tar", Stream("a")]])
+def test_a_stream_inside_a_stream_is_refused(source):
+    with pytest.raises(ConfigError, match="a stream's source is shards .*not a Stream"):
+        Stream(source, proportion=1)
+
+
+@pytest.mark.parametrize(
+    "streams, sizes, epoch_size, words",
+    [
+        ([Stream("a", proportion=1e308), Stream("b")], [10, 10], None, (10, 10)),  # a huge weight is only a weight
+        ([Stream("a", proportion=1e308), Stream("b", proportion=1e308)], [10, 10], 20, (10, 10)),
+        ([Stream("a", proportion=1e308), Stream("b", proportion=1e-300)], [10, 10], 20, (20, 0)),
+        ([Stream("a", repeat=1e308), Stream("b")], [10, 10], None, r"stream 0 \('a'\): repeat=1e\+308 .* more than the 1099511627776"),
+        ([Stream("a"), Stream("b", choose=1 << 41)], [10, 10], None, r"stream 1 \('b'\): choose=2199023255552 draws per epoch"),
+        ([Stream("a", proportion=1)], [10], 1 << 41, "epoch_size=2199023255552 is more than the 1099511627776 draws"),
+        ([Stream("a", repeat=1e12)], [10], None, r"stream 0 \('a'\): repeat=1e\+12 of its 10 samples makes 1e\+13 draws"),
+        ([Stream("a"), Stream("b", repeat=1e10)], [10, 10], None, r"stream 1 \('b'\) would be drawn 100000000000 times .* at most 65536 passes"),
+        ([Stream("a", proportion=1), Stream("b", choose=5)], [3, 10], 10**6, r"stream 0 \('a'\) would be drawn 999995 times"),
+    ],
+)
+def test_draws_per_epoch_are_bounded_naming_the_stream(streams, sizes, epoch_size, words):
+    """Counts too large to plan are refused with the stream and the limit, before any epoch is
+    planned (a repeat of 1e12 planned its passes one by one for ever); huge weights are fine."""
+    if isinstance(words, tuple):
+        assert stream_counts(streams, sizes, epoch_size) == words
+        return
+    with pytest.raises(ConfigError, match=words):
+        stream_counts(streams, sizes, epoch_size)
+    assert stream_counts([Stream("a", repeat=MAX_PASSES)], [10], None) == (10 * MAX_PASSES,)  # the limit itself is fine
+
+
+def test_an_epoch_of_too_many_stretches_of_shards_is_refused_before_planning():
+    sizes = (7,) * 1000
+    fits = MixSpec((0, 1000), (7000 * (MAX_STRETCHES // 1000),))  # whole passes: 1000 stretches each
+    assert PlanSpec(sizes, batch_size=8, py_num_workers=2, mixture=fits).num_samples == 7000 * (MAX_STRETCHES // 1000)
+    over = MixSpec((0, 1, 1000), (5, 7000 * (MAX_STRETCHES // 1000) + 1))
+    with pytest.raises(ConfigError, match=r"more than the 4194304 an epoch may hold; stream 1 takes 4195800 \(29358001 draws over its 999 shards\)"):
+        PlanSpec(sizes, batch_size=8, py_num_workers=2, mixture=over)
 
 
 def draws(mix, sizes, epoch, shuffle=True):

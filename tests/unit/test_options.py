@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from dali_shards.errors import ConfigError
+from dali_shards.plan.mixture import Stream
 from dali_shards.options import (
     OPTION_KEYWORDS,
     STORAGE_KEYWORDS,
@@ -68,6 +69,7 @@ def test_keywords_round_trip():
         ("source", "", "source is empty"),
         ("source", [], "source must be a non-empty list"),
         ("source", 3, "source must be a path"),
+        ("source", Stream("d/a.tar", repeat=2), "source is one Stream (Stream(source='d/a.tar', proportion=None, repeat=2"),
         ("read_ahead", -1, "read_ahead must be a non-negative integer"),
         ("retries", 1.0, "retries must be a non-negative integer"),
         ("request_timeout", 0, "request_timeout must be a positive number of seconds"),

@@ -55,3 +55,25 @@ def test_the_streaming_mode_gives_streaming_specs_to_the_workers(shards):
     assert isinstance(resolved.mode, Streaming) and all(w.mode is resolved.mode for w in resolved.workers)
     assert resolved.spec.steps_per_epoch == resolved.mode.spec.steps_per_epoch
     assert resolved.spec.shuffle and resolved.spec.shuffle_buffer == 8
+
+
+def test_a_field_no_sample_read_holds_is_refused_naming_the_nearest_extension(shards):
+    with pytest.raises(ConfigError, match=r"field 'jpeg' is in no sample read: none of the first 9 samples of shard "
+                       r"'[^']*sample-000000\.tar' has a member for it \(they have: cls, jpg\): did you mean 'jpg'\?"):
+        resolve(options(shards, fields=("jpeg", "cls")))
+    with pytest.raises(ConfigError, match=r"field 'seg;mask' is in no sample read.*\(they have: cls, jpg\)\. Request"):
+        resolve(options(shards, fields=("jpg", "seg;mask")))
+    resolve(options(shards, fields=("jpeg;jpg", "cls")))  # an alternative the samples hold
+
+
+def test_a_field_only_some_samples_lack_is_left_to_the_workers(make_shards, tmp_path):
+    """The first sample lacks it, a later one of its shard has it, or the shards' member statistics
+    show it elsewhere: not refused (the workers raise or skip, as on_error says)."""
+    def sample(index, shard, position):
+        return {"__key__": f"k{index:03d}", "bin": b"x", **({"txt": b"t"} if index in (3, 12) else {})}
+
+    paths = make_shards((6, 8), sample, folder=tmp_path)
+    resolve(options(paths, fields=("bin", "txt"), batch_size=3, py_num_workers=1, on_error="skip"))
+    lone = make_shards((6, 8), lambda i, s, p: {**sample(i, s, p), "txt": b"t"} if i == 12 else
+                       {"__key__": f"k{i:03d}", "bin": b"x"}, folder=tmp_path / "later", prefix="later")  # fmt: skip
+    resolve(options(lone, fields=("bin", "txt"), batch_size=3, py_num_workers=1))  # shard 1 holds it (its scan says)

@@ -71,6 +71,27 @@ def test_manifest_false_or_a_path(tmp_path):
     assert [s.samples for s in read_manifest(str(tmp_path / "m.json"))] == [1]
 
 
+def test_webdataset_names_of_the_same_options_are_taken(tmp_path):
+    """``ShardWriter(pattern, maxcount=...)`` as webdataset spells it, not a raw TypeError."""
+    with ShardWriter(str(tmp_path / "s-%03d.tar"), maxcount=2, maxsize=1e6, start_shard=3) as writer:
+        for i in range(5):
+            writer.write({"__key__": f"k{i}", "txt": "x"})
+    assert writer.counts == [2, 2, 1] and writer.max_size == 1_000_000
+    assert [os.path.basename(p) for p in writer.paths] == ["s-003.tar", "s-004.tar", "s-005.tar"]
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(maxcount=2, max_count=3), "both max_count= and maxcount="),
+    (dict(verbose=0), r"unknown keyword 'verbose': its options are max_count \(webdataset's maxcount\), max_size"),
+    (dict(maxcount=2.5), "max_count must be an integer >= 1, got 2.5"),
+    (dict(max_count=0), "max_count must be an integer >= 1, got 0"),
+    (dict(start="3"), "start must be an integer >= 0"),
+])  # fmt: skip
+def test_bad_writer_options_are_config_errors_naming_ours(tmp_path, kw, words):
+    with pytest.raises(ConfigError, match=words):
+        ShardWriter(str(tmp_path / "s-%03d.tar"), **kw)
+
+
 def test_help_documents_write_paths_and_counts():
     text = pydoc.render_doc(ShardWriter, renderer=pydoc.plaintext)
     for word in ("write(sample)", "paths", "counts", "manifest", "np.ndarray"):

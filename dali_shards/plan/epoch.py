@@ -251,12 +251,11 @@ class EpochPlan(Reads, Emissions):
         ``deal``), or its run in order."""
         starts, out = self.canonical_starts, []
         for part in self.worker_parts(v):
+            flat = part.flat_positions(starts)
             if not self.interleaving:
-                out += part.positions(starts)
+                out.append(flat)
                 continue
-            positions = part.positions(starts)
             which, t = interleave_order(part.length)
-            flat = np.concatenate(positions) if positions else np.zeros(0, np.int64)
             out.append(flat[(np.cumsum(part.length) - part.length)[which] + t])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 

@@ -144,5 +144,5 @@ class MixSpec:
     def _window(self, i: int, sizes: np.ndarray, epoch: int, seed: int, shuffle: bool) -> Units:
         """Stream ``i``'s draws of ``epoch``: its window of its passes (``passes``)."""
         first, stop, count = self.bounds[i], self.bounds[i + 1], self.counts[i]
-        parts = passes.window(sizes[first:stop], epoch * count, (epoch + 1) * count, (seed, i), shuffle)
-        return Units.concat([Units.of(first + u.shard, u.lo, u.hi) for u in parts])
+        drawn = passes.window(sizes[first:stop], epoch * count, (epoch + 1) * count, (seed, i), shuffle)
+        return Units.of(first + drawn.shard, drawn.lo, drawn.hi)

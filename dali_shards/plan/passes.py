@@ -13,7 +13,7 @@ of the stream was drawn. Its cost is a few arrays over the stream's shards, neve
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import numpy as np
 
@@ -41,17 +41,28 @@ def cut(sizes: np.ndarray, at: int, key: Tuple[int, ...], shuffle: bool) -> np.n
     return taken
 
 
-def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> List[Units]:
+def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Units:
     """Draws ``[a, b)`` of the passes over shards of ``sizes`` (indices into ``sizes``), as
-    stretches of shards, pass by pass."""
+    stretches of shards, pass by pass: the part of the first pass the window touches, every whole
+    pass (every non-empty shard whole, in order), then the part of its last pass."""
     sizes = np.asarray(sizes, dtype=np.int64)
     size = int(sizes.sum())
-    out: List[Units] = []
     if not size or b <= a:
-        return out
-    for p in range(a // size, (b - 1) // size + 1):  # the passes the window touches
-        lo = cut(sizes, max(a - p * size, 0), (TAG_MIX, *key), shuffle)
-        hi = cut(sizes, min(b - p * size, size), (TAG_MIX, *key), shuffle)
-        rows = np.flatnonzero(hi > lo)
-        out.append(Units.of(rows, lo[rows], hi[rows]))
-    return out
+        return Units.of([], [], [])
+    first, last = a // size, (b - 1) // size  # the passes the window touches
+    key = (TAG_MIX, *key)
+    if first == last:
+        return _part(sizes, a - first * size, b - first * size, key, shuffle)
+    head, tail = _part(sizes, a - first * size, size, key, shuffle), _part(sizes, 0, b - last * size, key, shuffle)
+    whole, middle = np.flatnonzero(sizes > 0), last - first - 1  # whole passes: the same stretches each time
+    shard = np.concatenate([head.shard, np.tile(whole, middle), tail.shard])
+    lo = np.concatenate([head.lo, np.zeros(len(whole) * middle, np.int64), tail.lo])
+    hi = np.concatenate([head.hi, np.tile(sizes[whole], middle), tail.hi])
+    return Units.of(shard, lo, hi)
+
+
+def _part(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Units:
+    """Draws ``[a, b)`` of one pass (``0 <= a < b <= size``), as stretches of shards."""
+    lo, hi = cut(sizes, a, key, shuffle), cut(sizes, b, key, shuffle)
+    rows = np.flatnonzero(hi > lo)
+    return Units.of(rows, lo[rows], hi[rows])

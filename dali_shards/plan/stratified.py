@@ -167,8 +167,7 @@ class StratifiedParts:
         for i, parts in enumerate(self._worker_streams(v)):
             seq = []
             for part in parts:
-                positions = part.positions(starts)
-                flat = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+                flat = part.flat_positions(starts)
                 which, t = interleave_order(part.length)
                 seq.append(flat[(np.cumsum(part.length) - part.length)[which] + t])
             out[slots == i] = np.concatenate(seq) if seq else np.zeros(0, np.int64)

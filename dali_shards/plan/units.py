@@ -130,13 +130,17 @@ class Streams:
 
     def positions(self, starts: np.ndarray) -> List[np.ndarray]:
         """Per stream, its samples' ``__index__`` in reading order."""
-        units, out = self.units, []
-        size = units.sizes[self.unit]
+        return np.split(self.flat_positions(starts), np.cumsum(self.length)[:-1]) if len(self) else []
+
+    def flat_positions(self, starts: np.ndarray) -> np.ndarray:
+        """The streams' samples' ``__index__``, stream after stream, each in reading order."""
+        units, length = self.units, np.maximum(self.length, 0)
+        size = np.maximum(units.sizes[self.unit], 1)
         first = starts[units.shard[self.unit]] + units.lo[self.unit]
-        for j in range(len(self)):
-            t = (int(self.start[j]) + np.arange(int(self.length[j]), dtype=np.int64)) % max(int(size[j]), 1)
-            out.append(int(first[j]) + t)
-        return out
+        begins = np.cumsum(length) - length
+        stream = np.repeat(np.arange(len(self), dtype=np.int64), length)
+        t = np.arange(len(stream), dtype=np.int64) - begins[stream] + self.start[stream]  # offset into the unit
+        return first[stream] + t % size[stream]
 
     def as_units(self) -> Units:
         """The streams' samples as units: each stream's one or two stretches (empty ones left out)."""

@@ -18,6 +18,7 @@ from typing import Tuple
 import numpy as np
 
 from dali_shards.plan.random import TAG_MIX, bitgen
+from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.units import Units
 
 
@@ -41,24 +42,22 @@ def cut(sizes: np.ndarray, at: int, key: Tuple[int, ...], shuffle: bool) -> np.n
     return taken
 
 
-def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Units:
+def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Drawn:
     """Draws ``[a, b)`` of the passes over shards of ``sizes`` (indices into ``sizes``), as
     stretches of shards, pass by pass: the part of the first pass the window touches, every whole
-    pass (every non-empty shard whole, in order), then the part of its last pass."""
+    pass (every non-empty shard whole, in order: one block, repeated), then the part of its last."""
     sizes = np.asarray(sizes, dtype=np.int64)
     size = int(sizes.sum())
     if not size or b <= a:
-        return Units.of([], [], [])
+        return Drawn.concat([])
     first, last = a // size, (b - 1) // size  # the passes the window touches
     key = (TAG_MIX, *key)
     if first == last:
-        return _part(sizes, a - first * size, b - first * size, key, shuffle)
+        return Drawn.of(_part(sizes, a - first * size, b - first * size, key, shuffle))
+    whole = np.flatnonzero(sizes > 0)
     head, tail = _part(sizes, a - first * size, size, key, shuffle), _part(sizes, 0, b - last * size, key, shuffle)
-    whole, middle = np.flatnonzero(sizes > 0), last - first - 1  # whole passes: the same stretches each time
-    shard = np.concatenate([head.shard, np.tile(whole, middle), tail.shard])
-    lo = np.concatenate([head.lo, np.zeros(len(whole) * middle, np.int64), tail.lo])
-    hi = np.concatenate([head.hi, np.tile(sizes[whole], middle), tail.hi])
-    return Units.of(shard, lo, hi)
+    return Drawn.concat([Drawn.of(head), Drawn.of(Units.of(whole, np.zeros(len(whole)), sizes[whole]), last - first - 1),
+                         Drawn.of(tail)])  # fmt: skip
 
 
 def _part(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Units:

@@ -12,27 +12,31 @@ per worker.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
+from dali_shards.plan.drawn import Drawn, Laid
 from dali_shards.plan.random import TAG_CHUNK, TAG_SHARD_ORDER, permutation
 from dali_shards.plan.units import Streams, Units
 
 
 class Runs:
     """The units of an epoch laid end to end (shuffled or not), cut into ``workers`` runs of the
-    ``planned`` samples delivered (``share`` each with ``last_batch="drop"``)."""
+    ``planned`` samples delivered (``share`` each with ``last_batch="drop"``); a mix's draws
+    (``Drawn``) laid without listing them all (``drawn.Laid``: the same order)."""
 
-    def __init__(self, units: Units, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int):
+    def __init__(self, units: Units | Drawn, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int):
+        self.workers, self.planned, self.drop = workers, planned, drop
+        self._lazy: Optional[Laid] = None
+        if isinstance(units, Drawn):
+            if units.nonempty == len(units):
+                self._lazy = Laid(units, (TAG_SHARD_ORDER, seed, epoch) if shuffle else None)
+                return
+            units = units.units()
         order = permutation(len(units), TAG_SHARD_ORDER, seed, epoch) if shuffle else np.arange(len(units))
-        self.units, self.workers, self.planned, self.drop = units, workers, planned, drop
         self.laid = Streams(units, order.astype(np.int64), np.zeros(len(units), np.int64), units.sizes[order])
         self.ends = np.cumsum(self.laid.length)
-
-    @property
-    def unit_order(self) -> np.ndarray:
-        return self.laid.unit
 
     def span(self, v: int) -> Tuple[int, int]:
         """Worker ``v``'s run ``[a, b)`` of the laid sequence."""
@@ -43,6 +47,8 @@ class Runs:
 
     def streams(self, a: int, b: int) -> Streams:
         """Samples ``[a, b)`` of the laid sequence, as streams of its units."""
+        if self._lazy is not None:
+            return self._lazy.window(a, b)
         return self.laid.window(a, b, self.ends)
 
     def run(self, v: int) -> Streams:

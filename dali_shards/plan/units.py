@@ -63,6 +63,11 @@ class Units:
     def total(self) -> int:
         return int(self.sizes.sum())
 
+    @cached_property
+    def nonempty(self) -> int:
+        """Units holding samples."""
+        return int((self.sizes > 0).sum())
+
     def positions(self, starts: np.ndarray) -> np.ndarray:
         """Every sample of the units as ``__index__`` (``starts``: each shard's first index)."""
         if not len(self):

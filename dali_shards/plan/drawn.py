@@ -85,18 +85,18 @@ class Drawn:
         """Where each block's rows begin (and the last ends)."""
         return np.cumsum([0] + [len(u) * t for u, t in zip(self.blocks, self.times)]).astype(np.int64)
 
-    @cached_property
-    def _flat(self) -> Units:
-        return Units.concat(list(self.blocks))
-
     def rows(self, index: np.ndarray) -> Units:
         """Rows ``index`` (in that order), as units."""
         index = np.asarray(index, dtype=np.int64)
-        lengths = np.array([len(u) for u in self.blocks], dtype=np.int64)
         block = np.searchsorted(self.row_starts, index, side="right") - 1
-        flat = (np.cumsum(lengths) - lengths)[block] + (index - self.row_starts[block]) % np.maximum(lengths[block], 1)
-        units = self._flat
-        return Units.of(units.shard[flat], units.lo[flat], units.hi[flat])
+        fields = [np.zeros(len(index), np.int64) for _ in range(3)]
+        for k in np.unique(block).tolist():
+            here = block == k
+            u = self.blocks[k]
+            j = (index[here] - self.row_starts[k]) % len(u)
+            for out, values in zip(fields, (u.shard, u.lo, u.hi)):
+                out[here] = values[j]
+        return Units.of(*fields)
 
     def units(self) -> Units:
         """Every row, as units (arrays over all rows: for what needs each stretch)."""

@@ -2,7 +2,8 @@
 
 The plan for an epoch depends only on (shard sizes, seed, epoch, world size, workers per rank,
 per-rank batch size, last-batch mode, shuffle settings), and a process computes only what it
-reads: arrays over the shards (or their pieces), never over all samples or all ranks.
+reads: arrays over the shards (or their pieces), never over all samples or all ranks (a mix: never
+over the passes it draws of a stream either, ``drawn``).
 
 1. When shuffling with ``shuffle_block`` > 0 (and enough shards), the shards are cut into about
    ``max(shards, batch_size * world_size)`` pieces, dealt to the ranks in a new random order every

@@ -8,7 +8,8 @@ Passes follow one another; epoch ``e`` of a stream drawn ``count`` times takes d
 (e + 1) count)`` of them. So a window of a pass holds about the same share of every shard (its
 samples of a shard one stretch, or two across a pass's end): a stream drawn in part is drawn from
 all of its shards, as mixed as a whole one, and over epochs no sample repeats before every sample
-of the stream was drawn. Its cost is a few arrays over the stream's shards, never over its samples.
+of the stream was drawn. Its cost is a few arrays over the stream's shards, never over its samples
+or its passes: the whole passes of a window are one block of stretches, repeated (``drawn.Drawn``).
 """
 
 from __future__ import annotations

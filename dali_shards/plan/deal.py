@@ -24,9 +24,9 @@ process reads. Pure, no I/O, no DALI.
 A process computes the piece sequence (arrays over the pieces: a few MB at a million shards) and
 only its own rank's pieces and parts. A mix's draws of many passes (a piece per stretch, whole
 passes kept as one block repeated: ``drawn``) are never listed: a rank's pieces come from one pass
-over their random numbers (``drawn.Laid``), in the same order. What any worker delivered in its first ``c`` samples is a
-prefix of each of its parts (``consumed_counts``): an elastic resume describes the rest of an epoch
-as stretches of shards, not samples.
+over their random numbers (``drawn.Laid``), in the same order. What any worker delivered in its
+first ``c`` samples is a prefix of each of its parts (``consumed_counts``): an elastic resume
+describes the rest of an epoch as stretches of shards, not samples.
 """
 
 from __future__ import annotations

@@ -19,7 +19,12 @@ Cases (``--cases``, default all):
   once an epoch (the same draws as one dataset of 1M shards); ``mix-10x100k-skewed``,
   ``mix-10x100k-stratified``: in proportions 1 to 10 (streams drawn in part or more than once),
   ``batching`` random or stratified; ``mix-elastic-10m``: ``elastic-10m`` for a stratified mix of
-  10 streams of 1k shards x 1k samples in proportions 1 to 10.
+  10 streams of 1k shards x 1k samples in proportions 1 to 10;
+- ``mix-choose-1e5``, ``mix-choose-1e7``: ``choose=`` 100k (10M) draws of one stream of 10 samples
+  (2 shards of 5): 10k (1M) passes over it, at 64 ranks x 8 workers; ``mix-10m-1k``,
+  ``mix-10m-1k-stratified``: docs/mixing.md's mix (``repeat=2``, ``proportion=3``,
+  ``proportion=1``) over streams of 1,000 samples in all (100 shards of 10), ``epoch_size=10_000_000``,
+  at 64 ranks x 8 workers, ``batching`` random or stratified.
 
 Prints a table and writes ``benchmarks/results/scale.json``. Pure planning cases import no DALI.
 To measure another checkout (e.g. the release before), run it with ``PYTHONPATH=<that checkout>``
@@ -49,6 +54,8 @@ TARGETS = {  # (seconds, MiB) or readers per shard: the issue's targets on a 2-c
     # a mix of 10 streams costs no more than one dataset of as many shards (order-1m's, elastic-10m's)
     "mix-10x100k": (2.0, 500), "mix-10x100k-skewed": (2.0, 500), "mix-10x100k-stratified": (2.0, 500),
     "mix-elastic-10m": (2.0, 300),
+    # a stream drawn many times its size: a worker's cost follows its own draws, not the passes
+    "mix-choose-1e5": (1.0, 200), "mix-choose-1e7": (1.0, 200), "mix-10m-1k": (1.0, 200), "mix-10m-1k-stratified": (1.0, 200),
 }  # fmt: skip
 
 
@@ -88,6 +95,34 @@ def spec_of(shards: int, per_shard: int, world: int, workers: int, streams: int 
         mix = MixSpec(bounds, tuple(largest_remainder(shards * per_shard, weights)), batching)
     return PlanSpec((per_shard,) * shards, world_size=world, py_num_workers=workers, batch_size=256, seed=1, shuffle=True,
                     mixture=mix)  # fmt: skip
+
+
+def small_mix_spec(streams, epoch_size: Any, batching: str = "random"):
+    """The spec of a mix of small streams (per stream: shards, samples per shard, ``Stream``'s
+    keywords) at 64 ranks x 8 workers."""
+    from dali_shards.plan.epoch import PlanSpec
+    from dali_shards.plan.mixture import MixSpec, Stream, stream_counts
+
+    sizes = [per for shards, per, _ in streams for _ in range(shards)]
+    bounds = [0]
+    for shards, _, _ in streams:
+        bounds.append(bounds[-1] + shards)
+    counts = stream_counts([Stream(f"s{i}", **kw) for i, (_, _, kw) in enumerate(streams)], [n * per for n, per, _ in streams],
+                           epoch_size)  # fmt: skip
+    return PlanSpec(tuple(sizes), world_size=64, py_num_workers=8, batch_size=256, seed=1, shuffle=True,
+                    mixture=MixSpec(tuple(bounds), counts, batching))  # fmt: skip
+
+
+def case_small_mix(streams, epoch_size: Any = None, batching: str = "random") -> Callable[[], Dict[str, Any]]:
+    def run() -> Dict[str, Any]:
+        spec = small_mix_spec(streams, epoch_size, batching)
+        emissions = spec.epoch(1).worker_emissions(spec.num_virtual_workers // 2 + 3)
+        return {"emitted": len(emissions)}
+
+    return run
+
+
+DOCS_MIX = [(24, 10, {"repeat": 2}), (70, 10, {"proportion": 3}), (6, 10, {"proportion": 1})]  # docs/mixing.md's, 1,000 samples
 
 
 def case_order(shards: int, per_shard: int, world: int, **mix: Any) -> Callable[[], Dict[str, Any]]:
@@ -210,6 +245,10 @@ def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
         "mix-10x100k-skewed": lambda: case_order(1_000_000, 10_000, 4096, streams=10, skewed=True),
         "mix-10x100k-stratified": lambda: case_order(1_000_000, 10_000, 4096, streams=10, batching="stratified", skewed=True),
         "mix-elastic-10m": lambda: case_elastic(10_000, 1000, 64, 48, streams=10, batching="stratified", skewed=True),
+        "mix-choose-1e5": lambda: case_small_mix([(2, 5, {"choose": 100_000})]),
+        "mix-choose-1e7": lambda: case_small_mix([(2, 5, {"choose": 10_000_000})]),
+        "mix-10m-1k": lambda: case_small_mix(DOCS_MIX, 10_000_000),
+        "mix-10m-1k-stratified": lambda: case_small_mix(DOCS_MIX, 10_000_000, "stratified"),
     }
 
 

@@ -22,18 +22,21 @@ process reads. Pure, no I/O, no DALI.
    samples come from different pieces and each part is spread evenly over the block.
 
 A process computes the piece sequence (arrays over the pieces: a few MB at a million shards) and
-only its own rank's pieces and parts. What any worker delivered in its first ``c`` samples is a
-prefix of each of its parts (``consumed_counts``): an elastic resume describes the rest of an epoch
-as stretches of shards, not samples.
+only its own rank's pieces and parts. A mix's draws of many passes (a piece per stretch, whole
+passes kept as one block repeated: ``drawn``) are never listed: a rank's pieces come from one pass
+over their random numbers (``drawn.Laid``), in the same order. What any worker delivered in its
+first ``c`` samples is a prefix of each of its parts (``consumed_counts``): an elastic resume
+describes the rest of an epoch as stretches of shards, not samples.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
+from dali_shards.plan.drawn import Drawn, Laid
 from dali_shards.plan.random import TAG_BLOCK, TAG_DEAL, TAG_SPIN, bitgen, permutation
 from dali_shards.plan.units import Streams, Units
 
@@ -93,15 +96,29 @@ class Deal:
     """The pieces of an epoch dealt to the ranks (steps 1 and 2 of the module): ``planned`` samples
     (those the ranks deliver) of ``units``, over ``world`` ranks taking ``per_rank(r)`` each.
     ``wanted``: pieces wanted (by default ``batch * world``); ``salt``: more key for its random
-    choices (a mix's stream)."""
+    choices (a mix's stream). A mix's draws (``Drawn``) of at least ``wanted`` stretches are a
+    piece each, dealt without listing them all (``drawn.Laid``: the same order)."""
 
-    def __init__(self, units: Units, world: int, batch: int, planned: int, drop: bool, seed: int, epoch: int,
+    def __init__(self, units: Units | Drawn, world: int, batch: int, planned: int, drop: bool, seed: int, epoch: int,
                  wanted: int = 0, salt: Tuple[int, ...] = ()):  # fmt: skip
-        self.units, self.world, self.planned, self.drop = units, world, planned, drop
-        counts = piece_counts(units.sizes, wanted or batch * world)
+        self.world, self.planned, self.drop = world, planned, drop
+        wanted = wanted or batch * world
+        self._laid: Optional[Laid] = None
+        if isinstance(units, Drawn):
+            if units.nonempty == len(units) >= wanted:  # a piece per stretch, in ``deal_order``'s order
+                self._laid = Laid(units, (TAG_DEAL, seed, epoch, *salt))
+                return
+            units = units.units()
+        counts = piece_counts(units.sizes, wanted)
         pieces = cut_pieces(units, counts, seed, epoch, salt)
         self.pieces = pieces.take(deal_order(pieces, counts, seed, epoch, salt))
         self.ends = np.cumsum(self.pieces.length)
+
+    def laid(self, a: int, b: int) -> Streams:
+        """Samples ``[a, b)`` of the dealt sequence (the two pieces at its ends cut), in order."""
+        if self._laid is not None:
+            return self._laid.window(a, b)
+        return self.pieces.window(a, b, self.ends)
 
     def rank_range(self, rank: int) -> Tuple[int, int]:
         """Rank ``rank``'s samples ``[a, b)`` of the dealt sequence."""
@@ -112,7 +129,7 @@ class Deal:
 
     def rank_streams(self, rank: int) -> Streams:
         """Rank ``rank``'s pieces (the two at its ends cut to its range), in the dealt order."""
-        return self.pieces.window(*self.rank_range(rank), self.ends)
+        return self.laid(*self.rank_range(rank))
 
 
 def block_sizes(count: int, block: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 The plan for an epoch depends only on (shard sizes, seed, epoch, world size, workers per rank,
 per-rank batch size, last-batch mode, shuffle settings), and a process computes only what it
-reads: arrays over the shards (or their pieces), never over all samples or all ranks.
+reads: arrays over the shards (or their pieces), never over all samples or all ranks (a mix: never
+over the passes it draws of a stream either, ``drawn``).
 
 1. When shuffling with ``shuffle_block`` > 0 (and enough shards), the shards are cut into about
    ``max(shards, batch_size * world_size)`` pieces, dealt to the ranks in a new random order every
@@ -39,6 +40,7 @@ from dali_shards.errors import ConfigError, EmptyDatasetError
 from dali_shards.options import LastBatch, option_default
 from dali_shards.plan import geometry, progress
 from dali_shards.plan.deal import Deal, RankParts, interleave_order
+from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.emissions import Emissions
 from dali_shards.plan.reads import Reads
 from dali_shards.plan.mixture import MixSpec
@@ -159,17 +161,23 @@ class EpochPlan(Reads, Emissions):
     # -- sizes ---------------------------------------------------------------------------
     @cached_property
     def units(self) -> Units:
-        """What this plan delivers: every shard (a mix: each stream's draws of this epoch), or the subset."""
+        """What this plan delivers, one row per stretch of a shard (``stretches``, listed)."""
+        return self.stretches.units() if isinstance(self.stretches, Drawn) else self.stretches
+
+    @cached_property
+    def stretches(self) -> Units | Drawn:
+        """What this plan delivers: every shard, or the subset, or a fresh mix's draws of this epoch
+        kept compact (``Drawn``: a stream drawn many times its size costs what it costs drawn once)."""
         spec = self.spec
         if self.subset is not None:
             return self.subset
         if spec.mixture is not None:
-            return spec.mixture.units(spec.sizes, self.epoch, spec.seed, spec.shuffle)
+            return Drawn.concat(spec.mixture.draws(spec.sizes, self.epoch, spec.seed, spec.shuffle))
         return Units.whole(spec.sizes)
 
     @cached_property
     def available(self) -> int:
-        return self.units.total
+        return self.stretches.total
 
     @cached_property
     def interleaving(self) -> bool:
@@ -179,7 +187,7 @@ class EpochPlan(Reads, Emissions):
         spec = self.spec
         if not (spec.shuffle and spec.shuffle_block > 0):
             return False
-        return int((self.units.sizes > 0).sum()) >= max(MIN_SHARDS, spec.mini_batch)
+        return self.stretches.nonempty >= max(MIN_SHARDS, spec.mini_batch)
 
     @property
     def block(self) -> int:
@@ -205,14 +213,14 @@ class EpochPlan(Reads, Emissions):
     def _deal(self) -> Deal:
         spec = self.spec
         drop = spec.last_batch == "drop"
-        return Deal(self.units, spec.world_size, spec.batch_size, self.planned, drop, spec.seed, self.epoch)
+        return Deal(self.stretches, spec.world_size, spec.batch_size, self.planned, drop, spec.seed, self.epoch)
 
     @cached_property
     def _runs(self) -> Runs:
         spec = self.spec
         drop = spec.last_batch == "drop"
         turn = self.version >= 6
-        return Runs(self.units, spec.num_virtual_workers, self.planned, drop, spec.shuffle, spec.seed, self.epoch, turn)
+        return Runs(self.stretches, spec.num_virtual_workers, self.planned, drop, spec.shuffle, spec.seed, self.epoch, turn)
 
     @cached_property
     def _ranks(self) -> Dict[int, RankParts]:
@@ -258,12 +266,11 @@ class EpochPlan(Reads, Emissions):
         ``deal``), or its run in order."""
         starts, out = self.canonical_starts, []
         for part in self.worker_parts(v):
+            flat = part.flat_positions(starts)
             if not self.interleaving:
-                out += part.positions(starts)
+                out.append(flat)
                 continue
-            positions = part.positions(starts)
             which, t = interleave_order(part.length)
-            flat = np.concatenate(positions) if positions else np.zeros(0, np.int64)
             out.append(flat[(np.cumsum(part.length) - part.length)[which] + t])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -297,8 +304,7 @@ class EpochPlan(Reads, Emissions):
         if order is not None and len(order):
             return int(order[-1])
         at = min(v * self.available // self.spec.num_virtual_workers, self.available - 1)
-        deal = self._deal
-        laid = deal.pieces.window(at, at + 1, deal.ends) if self.interleaving else self._runs.streams(at, at + 1)
+        laid = self._deal.laid(at, at + 1) if self.interleaving else self._runs.streams(at, at + 1)
         return int(laid.positions(self.canonical_starts)[0][0])
 
     def remaining(self, steps: int, lengths: Optional[Lengths] = None) -> Units:

@@ -35,6 +35,7 @@ import numpy as np
 from dali_shards.errors import ConfigError
 from dali_shards.options import BATCHING
 from dali_shards.plan import passes
+from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.units import Units
 
 # An epoch of a mix is planned draw by draw (each rank's samples), and each pass of a stream shard by
@@ -195,11 +196,16 @@ class MixSpec:
         return np.searchsorted(np.asarray(self.bounds), shards, side="right") - 1
 
     def units(self, sizes: np.ndarray, epoch: int, seed: int, shuffle: bool) -> Units:
-        """The stretches of shards epoch ``epoch`` draws, stream after stream (see the module)."""
-        return Units.concat([self._window(i, sizes, epoch, seed, shuffle) for i in range(len(self.counts))])
+        """The stretches of shards epoch ``epoch`` draws, stream after stream (see the module), one
+        row per stretch (arrays over every pass drawn: ``draws`` keeps them compact)."""
+        return Drawn.concat(self.draws(sizes, epoch, seed, shuffle)).units()
 
-    def _window(self, i: int, sizes: np.ndarray, epoch: int, seed: int, shuffle: bool) -> Units:
+    def draws(self, sizes: np.ndarray, epoch: int, seed: int, shuffle: bool) -> List[Drawn]:
+        """Per stream, the stretches of shards epoch ``epoch`` draws of it, whole passes kept as one
+        block repeated (``drawn.Drawn``)."""
+        return [self._window(i, sizes, epoch, seed, shuffle) for i in range(len(self.counts))]
+
+    def _window(self, i: int, sizes: np.ndarray, epoch: int, seed: int, shuffle: bool) -> Drawn:
         """Stream ``i``'s draws of ``epoch``: its window of its passes (``passes``)."""
         first, stop, count = self.bounds[i], self.bounds[i + 1], self.counts[i]
-        parts = passes.window(sizes[first:stop], epoch * count, (epoch + 1) * count, (seed, i), shuffle)
-        return Units.concat([Units.of(first + u.shard, u.lo, u.hi) for u in parts])
+        return passes.window(sizes[first:stop], epoch * count, (epoch + 1) * count, (seed, i), shuffle).shifted(first)

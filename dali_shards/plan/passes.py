@@ -8,16 +8,18 @@ Passes follow one another; epoch ``e`` of a stream drawn ``count`` times takes d
 (e + 1) count)`` of them. So a window of a pass holds about the same share of every shard (its
 samples of a shard one stretch, or two across a pass's end): a stream drawn in part is drawn from
 all of its shards, as mixed as a whole one, and over epochs no sample repeats before every sample
-of the stream was drawn. Its cost is a few arrays over the stream's shards, never over its samples.
+of the stream was drawn. Its cost is a few arrays over the stream's shards, never over its samples
+or its passes: the whole passes of a window are one block of stretches, repeated (``drawn.Drawn``).
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import numpy as np
 
 from dali_shards.plan.random import TAG_MIX, bitgen
+from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.units import Units
 
 
@@ -41,17 +43,26 @@ def cut(sizes: np.ndarray, at: int, key: Tuple[int, ...], shuffle: bool) -> np.n
     return taken
 
 
-def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> List[Units]:
+def window(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Drawn:
     """Draws ``[a, b)`` of the passes over shards of ``sizes`` (indices into ``sizes``), as
-    stretches of shards, pass by pass."""
+    stretches of shards, pass by pass: the part of the first pass the window touches, every whole
+    pass (every non-empty shard whole, in order: one block, repeated), then the part of its last."""
     sizes = np.asarray(sizes, dtype=np.int64)
     size = int(sizes.sum())
-    out: List[Units] = []
     if not size or b <= a:
-        return out
-    for p in range(a // size, (b - 1) // size + 1):  # the passes the window touches
-        lo = cut(sizes, max(a - p * size, 0), (TAG_MIX, *key), shuffle)
-        hi = cut(sizes, min(b - p * size, size), (TAG_MIX, *key), shuffle)
-        rows = np.flatnonzero(hi > lo)
-        out.append(Units.of(rows, lo[rows], hi[rows]))
-    return out
+        return Drawn.concat([])
+    first, last = a // size, (b - 1) // size  # the passes the window touches
+    key = (TAG_MIX, *key)
+    if first == last:
+        return Drawn.of(_part(sizes, a - first * size, b - first * size, key, shuffle))
+    whole = np.flatnonzero(sizes > 0)
+    head, tail = _part(sizes, a - first * size, size, key, shuffle), _part(sizes, 0, b - last * size, key, shuffle)
+    return Drawn.concat([Drawn.of(head), Drawn.of(Units.of(whole, np.zeros(len(whole)), sizes[whole]), last - first - 1),
+                         Drawn.of(tail)])  # fmt: skip
+
+
+def _part(sizes: np.ndarray, a: int, b: int, key: Tuple[int, ...], shuffle: bool) -> Units:
+    """Draws ``[a, b)`` of one pass (``0 <= a < b <= size``), as stretches of shards."""
+    lo, hi = cut(sizes, a, key, shuffle), cut(sizes, b, key, shuffle)
+    rows = np.flatnonzero(hi > lo)
+    return Units.of(rows, lo[rows], hi[rows])

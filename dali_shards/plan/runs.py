@@ -14,34 +14,37 @@ per worker.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
+from dali_shards.plan.drawn import Drawn, Laid
 from dali_shards.plan.random import TAG_CHUNK, TAG_RUN_START, TAG_SHARD_ORDER, bitgen, permutation
 from dali_shards.plan.units import Streams, Units
 
 
 class Runs:
     """The units of an epoch laid end to end (shuffled or not), cut into ``workers`` runs of the
-    ``planned`` samples delivered (``share`` each with ``last_batch="drop"``)."""
+    ``planned`` samples delivered (``share`` each with ``last_batch="drop"``); a mix's draws
+    (``Drawn``) laid without listing them all (``drawn.Laid``: the same order)."""
 
     def __init__(
-        self, units: Units, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int, turn: bool = True
+        self, units: Units | Drawn, workers: int, planned: int, drop: bool, shuffle: bool, seed: int, epoch: int,
+        turn: bool = True,
     ):  # fmt: skip
+        self.workers, self.planned, self.drop = workers, planned, drop
+        self.total = units.total
+        # plan v6 (``turn``): the sequence starts at a random sample of it, going round
+        self.at = int(bitgen(TAG_RUN_START, seed, epoch).random_raw() % self.total) if shuffle and turn and self.total > 1 else 0
+        self._lazy: Optional[Laid] = None
+        if isinstance(units, Drawn):
+            if units.nonempty == len(units):
+                self._lazy = Laid(units, (TAG_SHARD_ORDER, seed, epoch) if shuffle else None)
+                return
+            units = units.units()
         order = permutation(len(units), TAG_SHARD_ORDER, seed, epoch) if shuffle else np.arange(len(units))
-        self.units, self.workers, self.planned, self.drop = units, workers, planned, drop
-        laid = Streams(units, order.astype(np.int64), np.zeros(len(units), np.int64), units.sizes[order])
-        total = units.total
-        if shuffle and turn and total > 1:  # plan v6: the sequence starts at a random sample
-            at = int(bitgen(TAG_RUN_START, seed, epoch).random_raw() % total)
-            laid = laid.concat(laid.window(at, total), laid.window(0, at))
-        self.laid = laid
+        self.laid = Streams(units, order.astype(np.int64), np.zeros(len(units), np.int64), units.sizes[order])
         self.ends = np.cumsum(self.laid.length)
-
-    @property
-    def unit_order(self) -> np.ndarray:
-        return self.laid.unit
 
     def span(self, v: int) -> Tuple[int, int]:
         """Worker ``v``'s run ``[a, b)`` of the laid sequence."""
@@ -51,7 +54,19 @@ class Runs:
         return v * self.planned // self.workers, (v + 1) * self.planned // self.workers
 
     def streams(self, a: int, b: int) -> Streams:
-        """Samples ``[a, b)`` of the laid sequence, as streams of its units."""
+        """Samples ``[a, b)`` of the laid sequence (from its start sample on, going round), as streams
+        of its units."""
+        a, b, total = a + self.at, b + self.at, self.total
+        if a >= total:
+            return self._window(a - total, b - total)
+        if b <= total:
+            return self._window(a, b)
+        return Streams.concat(self._window(a, total), self._window(0, b - total))
+
+    def _window(self, a: int, b: int) -> Streams:
+        """Samples ``[a, b)`` of the units laid in their order (not turned)."""
+        if self._lazy is not None:
+            return self._lazy.window(a, b)
         return self.laid.window(a, b, self.ends)
 
     def run(self, v: int) -> Streams:

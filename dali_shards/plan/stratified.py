@@ -20,12 +20,13 @@ stream: an elastic resume again describes the rest as stretches of shards.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.plan import geometry
 from dali_shards.plan.deal import Deal, block_sizes, interleave_order
+from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.mixture import largest_remainder
 from dali_shards.plan.random import TAG_BLOCK, permutation
 from dali_shards.plan.stratify import Strata, labels
@@ -71,6 +72,7 @@ class StratifiedParts:
         spec: PlanSpec
         epoch: int
         units: Units
+        subset: Optional[Units]
         planned: int
         block: int
         canonical_starts: np.ndarray
@@ -80,10 +82,13 @@ class StratifiedParts:
         return True
 
     @cached_property
-    def stream_units(self) -> List[Units]:
-        """Per stream, what this plan delivers of it."""
-        units, mix = self.units, self.spec.mixture
+    def stream_units(self) -> Sequence[Units | Drawn]:
+        """Per stream, what this plan delivers of it (a fresh epoch's draws kept compact)."""
+        spec, mix = self.spec, self.spec.mixture
         assert mix is not None  # a stratified plan is a mix's
+        if self.subset is None:
+            return mix.draws(spec.sizes, self.epoch, spec.seed, spec.shuffle)
+        units = self.units
         stream = mix.stream_of(units.shard)
         return [Units.of(units.shard[stream == i], units.lo[stream == i], units.hi[stream == i]) for i in range(len(mix.counts))]
 
@@ -124,7 +129,7 @@ class StratifiedParts:
             share = strata.totals / max(1, int(strata.totals.sum()))
             out = []
             for i in range(strata.streams):
-                streams = self._stream_deal(i).pieces.window(int(lo[i]), int(hi[i]))
+                streams = self._stream_deal(i).laid(int(lo[i]), int(hi[i]))
                 block = max(1, round(self.block * float(share[i])))
                 out.append(ShareParts(streams, block, counts[:, i], (spec.seed, self.epoch, rank, i)))
             self._shares[rank] = out
@@ -167,8 +172,7 @@ class StratifiedParts:
         for i, parts in enumerate(self._worker_streams(v)):
             seq = []
             for part in parts:
-                positions = part.positions(starts)
-                flat = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+                flat = part.flat_positions(starts)
                 which, t = interleave_order(part.length)
                 seq.append(flat[(np.cumsum(part.length) - part.length)[which] + t])
             out[slots == i] = np.concatenate(seq) if seq else np.zeros(0, np.int64)

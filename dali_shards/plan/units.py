@@ -63,6 +63,11 @@ class Units:
     def total(self) -> int:
         return int(self.sizes.sum())
 
+    @cached_property
+    def nonempty(self) -> int:
+        """Units holding samples."""
+        return int((self.sizes > 0).sum())
+
     def positions(self, starts: np.ndarray) -> np.ndarray:
         """Every sample of the units as ``__index__`` (``starts``: each shard's first index)."""
         if not len(self):
@@ -95,10 +100,17 @@ class Streams:
         start = np.where(size > 0, (self.start + first) % np.maximum(size, 1), 0)
         return Streams(self.units, self.unit, start, np.maximum(stop - first, 0))
 
-    def concat(self, *parts: "Streams") -> "Streams":
-        """``parts`` (streams through the same units) one after the other."""
-        fields = [np.concatenate([getattr(p, f) for p in parts]).astype(np.int64) for f in ("unit", "start", "length")]
-        return Streams(self.units, *fields)
+    @staticmethod
+    def concat(*parts: "Streams") -> "Streams":
+        """``parts`` one after the other (through their units, joined where they are not the same)."""
+        if all(p.units is parts[0].units for p in parts):
+            units, offsets = parts[0].units, [0] * len(parts)
+        else:
+            units = Units.concat([p.units for p in parts])
+            offsets = np.cumsum([0] + [len(p.units) for p in parts[:-1]]).tolist()
+        unit = np.concatenate([p.unit + o for p, o in zip(parts, offsets)]).astype(np.int64)
+        start, length = (np.concatenate([getattr(p, f) for p in parts]).astype(np.int64) for f in ("start", "length"))
+        return Streams(units, unit, start, length)
 
     def window(self, a: int, b: int, ends: Optional[np.ndarray] = None) -> "Streams":
         """Samples ``[a, b)`` of the streams laid end to end, as streams (the two at its ends cut;
@@ -135,13 +147,17 @@ class Streams:
 
     def positions(self, starts: np.ndarray) -> List[np.ndarray]:
         """Per stream, its samples' ``__index__`` in reading order."""
-        units, out = self.units, []
-        size = units.sizes[self.unit]
+        return np.split(self.flat_positions(starts), np.cumsum(self.length)[:-1]) if len(self) else []
+
+    def flat_positions(self, starts: np.ndarray) -> np.ndarray:
+        """The streams' samples' ``__index__``, stream after stream, each in reading order."""
+        units, length = self.units, np.maximum(self.length, 0)
+        size = np.maximum(units.sizes[self.unit], 1)
         first = starts[units.shard[self.unit]] + units.lo[self.unit]
-        for j in range(len(self)):
-            t = (int(self.start[j]) + np.arange(int(self.length[j]), dtype=np.int64)) % max(int(size[j]), 1)
-            out.append(int(first[j]) + t)
-        return out
+        begins = np.cumsum(length) - length
+        stream = np.repeat(np.arange(len(self), dtype=np.int64), length)
+        t = np.arange(len(stream), dtype=np.int64) - begins[stream] + self.start[stream]  # offset into the unit
+        return first[stream] + t % size[stream]
 
     def as_units(self) -> Units:
         """The streams' samples as units: each stream's one or two stretches (empty ones left out)."""

@@ -134,3 +134,13 @@ def test_streaming_worker_with_only_empty_shards_fails_clearly(tmp_path):
 def test_remote_source_without_counts_needs_a_manifest_or_streaming(served):
     with pytest.raises(ConfigError, match="samples_per_epoch="):
         make(f"{served.url}/sample-{{000000..000004}}.tar", batch_size=2, py_num_workers=1)()
+
+
+def test_streaming_on_the_merge_transfer_with_spawned_workers(tmp_path):
+    """DALI pickles the merge transfer's sources for spawned workers after iterating them once in
+    this process: the streaming mode's epoch (a generator) stays here (a raw TypeError before)."""
+    paths = write_sample_shards(str(tmp_path), shard_sizes=SIZES)
+    pipe = make(paths, batch_size=4, py_num_workers=2, samples_per_epoch=12, transfer="merge",
+                py_start_method="spawn")()  # fmt: skip
+    steps = [len(batch["index"]) for (batch,) in DALIShardedIterator(pipe, ["index", "valid"])]
+    assert steps == [4, 4, 4]

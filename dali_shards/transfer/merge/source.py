@@ -69,6 +69,11 @@ class Carried:
         self.source = source
         self._batches: Optional[Iterator[list]] = None
 
+    def __getstate__(self) -> dict:
+        """What a spawned worker gets: the source, not the epoch DALI began iterating in this
+        process (a generator, in the streaming mode: it does not pickle, and is not the worker's)."""
+        return {"source": self.source, "_batches": None}
+
     def __iter__(self) -> "Carried":
         try:
             self._batches = iter(self.source)

@@ -223,13 +223,14 @@ def check_table_counts(manifest: str, table: str, counts: Sequence[int], urls: S
 
 def _misplaced(table: str, starts: np.ndarray, size: int) -> Optional[int]:
     """The entry after which records stop beginning where the counts put them (a record begins
-    with 0, or -1 for a compressed shard), if one does."""
+    with 0, or -1 for a compressed shard), if one does; records a short table does not reach are
+    left to ``check_tables`` (a truncated table, said as such)."""
     path = local_path(table)
     if path is None or size < 8:
         return None
     heads = np.memmap(path, "<i8", mode="r", shape=(size // 8,))
     at = starts[1:-1] // 8
-    first = np.ones(len(at), np.int64)
+    first = np.zeros(len(at), np.int64)
     inside = at < len(heads)
     first[inside] = heads[at[inside]]
     off = np.flatnonzero((first != 0) & (first != -1))

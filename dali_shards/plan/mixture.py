@@ -41,7 +41,6 @@ from dali_shards.plan.units import Units
 # An epoch of a mix is planned draw by draw (each rank's samples), and each pass of a stream shard by
 # shard: these bound what one may ask for (docs/mixing.md#limits).
 MAX_EPOCH_DRAWS = 1 << 40  # draws per epoch, of each stream and of all: 100x the largest dataset measured
-MAX_PASSES = 1 << 16  # passes over a stream per epoch (repeat= at most this)
 MAX_STRETCHES = 1 << 22  # stretches of shards an epoch plans over (a shard in a pass), all streams together
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def _real(value: Any) -> bool:
 def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: Optional[int]) -> Tuple[int, ...]:
     """Draws per epoch of each stream of ``sizes`` samples (see the module); a ConfigError naming
     the stream for an empty stream, ``choose`` beyond ``epoch_size``, proportions with nothing to
-    share, or more draws than an epoch may hold (``MAX_EPOCH_DRAWS``, ``MAX_PASSES``)."""
+    share, or more draws than an epoch may hold (``MAX_EPOCH_DRAWS``)."""
     for i, (s, n) in enumerate(zip(streams, sizes)):
         if n == 0:
             raise ConfigError(f"stream {i} ({s.source!r}) holds no samples: a mix needs samples in every stream")
@@ -117,13 +116,6 @@ def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: O
     if shared:
         for i, c in zip(shared, largest_remainder(left, [float(streams[i].proportion or 0) for i in shared])):
             counts[i] = c
-    for i, (s, drawn, n) in enumerate(zip(streams, counts, sizes)):
-        if drawn is not None and drawn > MAX_PASSES * n:
-            raise ConfigError(
-                f"stream {i} ({s.source!r}) would be drawn {drawn} times per epoch, {drawn / n:.4g} passes over its "
-                f"{n} samples: a stream may be drawn at most {MAX_PASSES} passes per epoch (each pass is planned shard by "
-                "shard): lower its repeat=, proportion= or choose=, or epoch_size"
-            )
     return tuple(int(c or 0) for c in counts)
 
 
@@ -146,9 +138,11 @@ def largest_remainder(total: int, weights: Sequence[float]) -> List[int]:
     top = max(weights, default=0.0)
     if not top > 0 or not math.isfinite(top):
         raise ConfigError(f"proportions must be finite and sum to more than 0, got {list(weights)}")
-    scaled = [w / top for w in weights]  # (at most 1 each: their sum stays finite whatever the weights)
-    weight = sum(scaled)
-    exact = [total * w / weight for w in scaled]
+    weight = sum(weights)
+    if not math.isfinite(weight) or not math.isfinite(total * top):  # huge weights: the same shares, scaled
+        weights = [w / top for w in weights]  # (at most 1 each: their sum stays finite whatever the weights)
+        weight = sum(weights)
+    exact = [total * w / weight for w in weights]  # (as before scaling was needed: the same counts)
     counts = [int(math.floor(x)) for x in exact]
     for i in sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))[: total - sum(counts)]:
         counts[i] += 1

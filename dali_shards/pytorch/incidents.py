@@ -85,14 +85,14 @@ def dali_failure(
     if info.on_error != "skip":
         first = samples[0]
         return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
-    if known_good is None and good is None:  # every sample tried failed: one DALI takes, to stand in
-        good = _first_taken(info, plan, step + ahead + 1, excluded | set(bad), operator, epoch)
+    if known_good is None and good is None:  # no sample DALI takes known yet: one, to stand in
+        good = _first_taken(info, plan, step, excluded | set(bad), operator, epoch)
     return SampleFailure(epoch, step, samples, operator, time.perf_counter() - started, good)
 
 
 def _first_taken(info: Any, plan: Any, step: int, skip: set, operator: str, epoch: int) -> int:
-    """The first sample of this rank's steps from ``step`` on that DALI takes (up to
-    ``TAKEN_SEARCH`` samples tried); a ShardFormatError where none is."""
+    """The first sample of this rank's steps from ``step`` on (the failing steps' other samples
+    first) that DALI takes, up to ``TAKEN_SEARCH`` samples tried; a ShardFormatError where none is."""
     index = plan.rank_batches(info.rank)[0][step:].ravel().tolist()
     tried = [i for i in dict.fromkeys(int(i) for i in index) if i not in skip][:TAKEN_SEARCH]
     for lo in range(0, len(tried), 64):
@@ -101,8 +101,8 @@ def _first_taken(info: Any, plan: Any, step: int, skip: set, operator: str, epoc
             return good
     raise ShardFormatError(
         "(several)" if len(info.shards) > 1 else info.shards[0].url,
-        f"DALI's {operator} failed on every sample tried in epoch {epoch} (those of the failing steps and "
-        f"{len(tried)} after them): no sample it takes is left to stand in for the skipped ones",
+        f"DALI's {operator} failed on every sample tried in epoch {epoch} ({len(tried)} of this rank's from step "
+        f"{step} on, besides those it failed on first): no sample it takes is left to stand in for the skipped ones",
         hint="check the pipeline function on a sample (e.g. the decoder's device and output type) and the shards "
         "with `dali-shards inspect`",
     )

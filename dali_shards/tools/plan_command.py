@@ -13,7 +13,7 @@ from dali_shards.options import BATCHING, ShardedOptions, StorageOptions, option
 from dali_shards.plan.epoch import LAST_BATCH_MODES
 from dali_shards.plan.mixture import Stream
 from dali_shards.setup.mixing import resolve_shards
-from dali_shards.setup.resolve import plan_specs
+from dali_shards.setup.planspec import plan_specs
 from dali_shards.tools.plan_report import plan_summary
 
 _STREAM = re.compile(r"^(proportion|repeat|choose)=([^:]+):(.+)$")
@@ -83,7 +83,7 @@ def _options(args: argparse.Namespace, config: StorageOptions) -> ShardedOptions
 
 def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
     """Print (or ``--json``) the plan the arguments ask for: the one the pipeline's workers follow
-    (resolved the same way: ``setup.resolve.plan_specs``)."""
+    (resolved the same way: ``setup.planspec.plan_specs``)."""
     options = _options(args, config)
     shards, mix = resolve_shards(options)
     spec, _ = plan_specs(options, shards, args.world_size, mix)

@@ -254,3 +254,14 @@ def test_a_dataset_dali_rejects_whole_is_one_clear_error(make_shards):
     with pytest.raises(ShardFormatError, match="failed on every sample tried"):
         for _ in DALIShardedIterator(pipe, ["image", "cls"]):  # the first batch is fetched at once
             pass
+
+
+def test_one_bad_sample_in_an_epoch_of_one_step_is_skipped(make_shards, transfer):
+    """DALI names the bad sample's place before any batch was delivered, and the epoch ends within
+    the steps in flight: a sample DALI takes is found among the step's others to stand in (a false
+    'failed on every sample' before)."""
+    paths = shards(make_shards, (4,), {1: "zero"})
+    it = DALIShardedIterator(decoding(paths, batch_size=4, py_num_workers=2, on_error="skip", transfer=transfer)(),
+                             ["image", "cls"], audit=True)  # fmt: skip
+    labels = sorted(int(c) for (b,) in it for c in b["cls"].view(-1).tolist())
+    assert labels == [0, 2, 3] and it.audits[0]["exactly_once"] and it.audits[0]["skipped"] == [1]

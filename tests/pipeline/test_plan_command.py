@@ -4,7 +4,7 @@ compressed shards falling back to contiguous runs, a random and a stratified mix
 
 import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
@@ -26,12 +26,13 @@ def printed(args, capsys):
 
 
 def reads(summary, paths):
-    """Per virtual worker, the samples its printed reads hold (shard names as the summary gives them)."""
+    """Per virtual worker, the samples its printed reads hold, as many times as they hold them (shard
+    names as the summary gives them)."""
     starts = dict(zip(names(paths), np.cumsum([0] + [count(p) for p in paths])[:-1].tolist()))
     out = {}
     for rank in summary["ranks"]:
         for w in rank["workers"]:
-            out[w["virtual_worker"]] = {starts[r["shard"]] + i for r in w["reads"] for i in range(*r["samples"])}
+            out[w["virtual_worker"]] = Counter(starts[r["shard"]] + i for r in w["reads"] for i in range(*r["samples"]))
     return out
 
 
@@ -47,15 +48,15 @@ def count(path):
 
 
 def delivered(source, **options):
-    """Per virtual worker, the samples the pipeline's workers deliver in epoch 0."""
-    out = defaultdict(set)
+    """Per virtual worker, the samples the pipeline's workers deliver in epoch 0 (a mix's drawn twice, twice)."""
+    out = defaultdict(Counter)
     for rank in range(2):
         pipe = identity_pipeline(source, ("__index__",), **{**LAYOUT, **options})(rank=rank)
         for (batch,) in DALIShardedIterator(pipe, ["index"], keep_padding=True):
             index, valid = batch["index"].reshape(-1).tolist(), batch["__valid__"].reshape(-1).tolist()
             for slot, (i, ok) in enumerate(zip(index, valid)):
                 if ok:
-                    out[rank * 2 + slot // 2].add(i)
+                    out[rank * 2 + slot // 2][i] += 1
     return dict(out)
 
 

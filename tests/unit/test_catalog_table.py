@@ -67,11 +67,15 @@ def test_records_beyond_the_cache_are_dropped_least_recent_first(tmp_path, shard
     assert len(tables._loaded) < 4 and 3 in tables._loaded and tables._bytes <= 300 + 400
 
 
-def test_a_missing_or_short_table_is_refused_at_the_start(tmp_path, shards):
+@pytest.mark.parametrize("cut", [8, "half"])
+def test_a_missing_or_short_table_is_refused_at_the_start(tmp_path, shards, cut):
+    """A truncated table (a partial copy) is said to be short, whatever it lacks: not blamed on a
+    changed count."""
     manifest = str(tmp_path / "manifest.json")
     write_manifest(manifest, scan_shards(shards))
     table = tmp_path / "manifest.samples"
-    table.write_bytes(table.read_bytes()[:-8])
+    raw = table.read_bytes()
+    table.write_bytes(raw[: -8 if cut == 8 else len(raw) // 2])
     with pytest.raises(ConfigError, match=r"sample table .*manifest\.samples.* holds \d+ bytes, fewer than"):
         resolve_source(manifest)
     table.unlink()

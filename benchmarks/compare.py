@@ -275,8 +275,8 @@ def main(argv=None):
         write_report(report, args.out_dir)
         return report
     if args.quick:
-        args.samples, args.batch_size, args.epochs, args.scaling_samples, args.rounds = 1024, 64, 1, 512, 1
-        args.scaling_rounds, args.scaling_epochs = 1, 1
+        args.samples, args.batch_size, args.epochs, args.scaling_samples, args.rounds = 384, 64, 1, 256, 1
+        args.scaling_rounds, args.scaling_epochs, args.audit_ranks = 1, 1, 2
     if args.scaling is None:
         args.scaling = "1,2" if args.quick else "1,2,4,8"
     from bench_data import build_bench_shards

@@ -126,6 +126,7 @@ class RunSession:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
         self.info.resume_point(dict(state))  # refuse an incompatible state before stopping anything
+        self._held_plan = None  # the epoch is the state's, counted from where it stands
         self._rebuild(state)
 
     def _rebuild(self, state: Mapping[str, Any]) -> None:

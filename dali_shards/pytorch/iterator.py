@@ -113,6 +113,7 @@ class DALIShardedIterator(DALIGenericIterator):
 
     @property
     def audit(self) -> bool:
+        """Whether each finished epoch is audited (``audits``)."""
         return self._session.audit
 
     @property

@@ -15,9 +15,9 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
 from nvidia.dali.types import DALIDataType, to_dali_type
 
-from dali_shards.shm.packing import Packing, table_place
-from dali_shards.worker.outputs import DALI_DTYPES
-from dali_shards.fields import FieldKind
+from dali_shards.shm.packing import Packing
+from dali_shards.transfer.merge.layout import table_place
+from dali_shards.fields import DALI_DTYPES, FieldKind
 
 
 class SlotOwners:
@@ -79,7 +79,7 @@ def _cut(data: DataNode, offset: DataNode, length: DataNode | np.ndarray) -> Dat
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
-# the dtypes an array may travel as: one list (``worker/outputs.py``), which the packing checks
+# the dtypes an array may travel as: one list (``fields.py``), which the packing checks
 _DALI_TYPES = {name: to_dali_type(name) for name in sorted(DALI_DTYPES)}
 
 

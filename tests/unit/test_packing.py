@@ -172,29 +172,6 @@ def test_a_mix_s_streams_survive_pickling():
         assert again.stream_of(np.array([0, 29, 30, 41, 42, 48])).tolist() == [0, 0, 1, 1, 2, 2]
 
 
-def choose_packing(fields, shards, workers, transfer):
-    """The slot format the transfer chooses for ``fields`` of these shards."""
-    from dali_shards.setup.resolve import field_sizes, slot_layout
-
-    table, payload = slot_layout(transfer, workers, lambda: field_sizes(shards, SampleCodec(fields)))
-    return Packing(fields, table=table, payload=payload)
-
-
-def test_layout_choice():
-    from dali_shards.catalog.shardinfo import ShardInfo
-
-    shards = [ShardInfo("a.tar", 10, 10**6, {"jpg": 900000, "cls": 20, "json": 5000})]
-    for workers in (1, 2):  # the ring: a table of every field, whatever the workers
-        ring = choose_packing(("json", "jpg", "cls"), shards, workers, transfer="ring")
-        assert ring.table and ring.payload is None
-    merge = lambda fields, shards, n: choose_packing(fields, shards, n, transfer="merge")  # noqa: E731
-    assert not merge(("json", "jpg", "cls"), shards, 1).table
-    assert merge(("json", "jpg", "cls"), shards, 2).payload == "jpg"
-    assert merge(("cls", "__key__"), shards, 4).payload is None
-    legacy = [ShardInfo("a.tar", 10, 10**6)]  # no per-extension sizes: the first byte field
-    assert merge(("json", "jpg", "cls"), legacy, 2).payload == "json"
-
-
 @pytest.mark.parametrize("kw", [dict(), dict(table=True, payload="jpg;png")])
 @pytest.mark.parametrize("order", [("png", "cls", "jpg"), ("jpg", "png", "cls"), ("cls", "jpg")])
 @pytest.mark.parametrize("fields", [("jpg;png", "cls"), ("jpg;png", "cls", "__key__", "__index__")])

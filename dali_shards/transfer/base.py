@@ -17,6 +17,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
+import numpy as np
+
 from dali_shards.errors import ConfigError
 from dali_shards.shm.control import ControlBlock
 from dali_shards.worker.config import WorkerConfig
@@ -99,6 +101,11 @@ class Handover(Protocol):
 
 
 QueueDepth = Union[int, Mapping[str, int]]
+
+
+def positive_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least 1: a queue's depth."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
 
 
 def steps_held(prefetch_queue_depth: QueueDepth) -> int:

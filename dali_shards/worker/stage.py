@@ -58,7 +58,8 @@ class SampleStage:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SampleStage) and self._parts() == other._parts()
 
-    __hash__ = None  # type: ignore[assignment]  # equal by value, and holds a dict
+    def __hash__(self) -> int:
+        return hash((self.codec, self._packing, self.mapper, self.bucket_by, self.seed))
 
     @property
     def packing(self) -> Packing:

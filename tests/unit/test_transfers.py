@@ -84,6 +84,8 @@ def test_options_transfer_is_read_in_one_place():
 
 @pytest.mark.parametrize("transfer, settings, what", [
     ("ring", {"py_start_method": "forkserver"}, "py_start_method='forkserver'"),
+    ("ring", {"prefetch_queue_depth": None}, "prefetch_queue_depth=None"),
+    ("ring", {"prefetch_queue_depth": {"cpu_size": 2, "gpu_size": 0}}, "prefetch_queue_depth="),
     ("merge", {"prefetch_queue_depth": {"cpu_size": 2, "gpu_size": 3}}, "prefetch_queue_depth="),
     ("merge", {"prefetch_queue_depth": 0}, "prefetch_queue_depth=0"),
     ("merge", {"exec_pipelined": False}, "exec_pipelined=False"),

@@ -11,13 +11,11 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
-
 from dali_shards.device import check_start_method
 from dali_shards.errors import ConfigError, from_worker
 from dali_shards.options import ShardedOptions
 from dali_shards.shm.control import ControlBlock
-from dali_shards.transfer.base import Queues, Sizes, refuse_scheduled_ahead
+from dali_shards.transfer.base import Queues, Sizes, positive_int, refuse_scheduled_ahead
 from dali_shards.transfer.merge.pool import LOST_WORKER_TEXT, WorkerWatch, dead_workers, kill_workers, start_collected
 from dali_shards.transfer.merge.pool import worker_pids
 from dali_shards.transfer.merge.source import MergeSource
@@ -126,7 +124,7 @@ class MergeTransfer:
 
 def check_queue(depth: Any) -> None:
     """A ConfigError unless DALI's worker pool can take ``prefetch_queue_depth`` (one int)."""
-    if isinstance(depth, (int, np.integer)) and not isinstance(depth, bool) and depth >= 1:
+    if positive_int(depth):
         return
     raise ConfigError(
         f"prefetch_queue_depth={depth!r} with transfer='merge': DALI's worker pool takes one positive "

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions
 from dali_shards.shm.control import ControlBlock
-from dali_shards.transfer.base import Queues, Sizes
+from dali_shards.transfer.base import Queues, Sizes, positive_int
 from dali_shards.transfer.ring.consumer import WorkerGone
 from dali_shards.transfer.ring.feed import FEED_NAME, RingFeed
 from dali_shards.transfer.ring.workers import START_METHODS, RingWorkers
@@ -64,11 +64,19 @@ class RingTransfer:
 
     # -- before the pipeline -----------------------------------------------------------------
     def check(self, settings: Mapping[str, Any]) -> None:
+        """Its own processes start with ``fork`` or ``spawn``; its slots are counted from a queue
+        depth that is a positive integer, or one per queue (CPU and GPU)."""
         start_method = settings["py_start_method"]
         if start_method not in START_METHODS:
             raise ConfigError(
                 f"py_start_method={start_method!r}: the ring's worker processes start with one of {START_METHODS} "
                 "(they are bound to end with the process that starts them)"
+            )
+        depth = settings["prefetch_queue_depth"]
+        if not all(positive_int(v) for v in (depth.values() if isinstance(depth, Mapping) else [depth])):
+            raise ConfigError(
+                f"prefetch_queue_depth={depth!r}: DALI takes a positive integer, or one per queue "
+                "({'cpu_size': n, 'gpu_size': m})"
             )
 
     def slot_layout(self, sizes: Sizes) -> Tuple[bool, Optional[str]]:

@@ -1,0 +1,74 @@
+"""Step times by position in the epoch (``throughput.py --positions``): for each step index, the
+median over every timed epoch of every round, so that a stall at an epoch's end or start (the
+workers turning to the next epoch, DALI's queue refilled after its reset) shows at its place, and
+both rates: the steady one (the batch over the median step) and the whole epoch's (its samples over
+its time, the turn included).
+
+A step's time runs from the end of the step before; the first step's from the end of the epoch
+before (the pipeline's reset and refill included), and the epoch's end (its last call, which ends
+it, and the reset) is a position of its own, ``end``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Sequence
+
+TARGET_STEP = 2.0  # no step near an epoch's end or start over this many times the median step
+TARGET_WHOLE = 0.95  # a whole epoch's rate at least this share of the steady rate
+
+
+def positions_of(epochs: Sequence[Sequence[float]], batch_size: int) -> Dict:
+    """The per-position figures of one configuration from its epochs' step times (ms; each
+    epoch's list ends with its end): the medians by position, each round's spread, both rates."""
+    epochs = [list(e) for e in epochs if e]
+    length = min(len(e) for e in epochs)
+    steps = [e[: length - 1] for e in epochs]
+    by_position = [statistics.median(e[i] for e in steps) for i in range(length - 1)]
+    end = statistics.median(e[-1] for e in epochs)
+    median_step = statistics.median(x for e in steps for x in e)
+    epoch_ms = statistics.median(sum(e) for e in epochs)
+    steady = 1000 * batch_size / median_step
+    whole = 1000 * batch_size * (length - 1) / epoch_ms
+    return {
+        "steps_per_epoch": length - 1,
+        "epochs_measured": len(epochs),
+        "step_ms": by_position,
+        "end_ms": end,
+        "median_step_ms": median_step,
+        "worst_step_vs_median": max(by_position) / median_step,
+        "worst_position": 1 + by_position.index(max(by_position)),
+        "steady_samples_per_s": steady,
+        "whole_epoch_samples_per_s": whole,
+        "whole_vs_steady": whole / steady,
+    }
+
+
+def per_round(rounds: Sequence[Sequence[Sequence[float]]], batch_size: int) -> Dict[str, List[float]]:
+    """Each round's own worst step ratio and whole/steady ratio (their spread over rounds)."""
+    got = [positions_of(r, batch_size) for r in rounds if r]
+    return {"worst_step_vs_median": [g["worst_step_vs_median"] for g in got],
+            "whole_vs_steady": [g["whole_vs_steady"] for g in got]}  # fmt: skip
+
+
+def print_positions(table: Dict[str, Dict], header: str) -> None:
+    """The per-position table: one row per configuration, a column per step, then the rates."""
+    print()
+    print(header)
+    width = max(len(label) for label in table)
+    length = max(r["steps_per_epoch"] for r in table.values())
+    cols = " ".join(f"{i + 1:>5}" for i in range(length))
+    print(f"{'':{width}} {cols} {'end':>5} | {'median':>6} {'worst':>6} {'steady/s':>9} {'whole/s':>9} {'whole/steady':>12}")
+    for label, r in table.items():
+        steps = " ".join(f"{x:5.1f}" for x in r["step_ms"])
+        spread = r.get("rounds", {})
+        worst = f"{r['worst_step_vs_median']:5.2f}x"
+        ratio = f"{r['whole_vs_steady']:5.2f}x"
+        if spread:
+            worst += f" ({min(spread['worst_step_vs_median']):.2f}-{max(spread['worst_step_vs_median']):.2f})"
+            ratio += f" ({min(spread['whole_vs_steady']):.2f}-{max(spread['whole_vs_steady']):.2f})"
+        print(f"{label:{width}} {steps} {r['end_ms']:5.1f} | {r['median_step_ms']:6.1f} {worst} "
+              f"{r['steady_samples_per_s']:9.0f} {r['whole_epoch_samples_per_s']:9.0f} {ratio}")  # fmt: skip
+    print(f"(ms per step by position, medians over every timed epoch of every round; worst: the slowest position "
+          f"over the median step, target <= {TARGET_STEP}x; whole/steady target >= {TARGET_WHOLE}x; "
+          "in brackets: the range over rounds)")  # fmt: skip

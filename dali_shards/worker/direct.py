@@ -28,7 +28,7 @@ from dali_shards.worker.located import NotDirect, aligned, excluded, layout, loc
 from dali_shards.shm.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed, table_rows
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.clock import StepClock
-from dali_shards.worker.stagger import group_end, group_phase, prepare_step
+from dali_shards.worker.stagger import carried, first_phase, group_end, last_start, next_phase, prepare_step
 from dali_shards.worker.reader import Skipped
 from dali_shards.worker.standin import StandIn
 from dali_shards.shm.tables import Grow
@@ -55,8 +55,9 @@ class DirectBatches:
     steps are read and located in groups (``StepGroup``): the fixed cost of a step's NumPy work is
     paid once per group. The groups begin at this worker's steps (``stagger.py``: from ``phase``,
     every ``group_steps``); the steps before ``phase`` are the group that opens the epoch, read
-    ahead where the epoch was prepared (``prepare``). At step ``prepare_at`` the next epoch is
-    prepared (``WorkerSource.prepare``)."""
+    ahead with the epoch before's last group where the epoch was prepared (``prepare``). At step
+    ``prepare_at`` (where its last group begins) the next epoch is prepared
+    (``WorkerSource.prepare``)."""
 
     def __init__(self, source: Any, epoch: int, plan: Any, emissions: Sequence[Tuple[int, bool]]):
         self.source, self.epoch, self.plan = source, epoch, plan
@@ -81,14 +82,24 @@ class DirectBatches:
         self.group: Optional[StepGroup] = None
         m, worker, workers = plan.spec.mini_batch, source.config.worker, source.config.spec.py_num_workers
         self.group_steps = group_steps(m) if m < GROUPED_BELOW else 0  # (0: every step read straight into its slot)
-        self.phase = group_phase(worker, workers, count, self.group_steps)
-        self.prepare_at = prepare_step(worker, workers, count)
+        self._phase(first_phase(worker, workers, count, self.group_steps))
+        if not self.group_steps:
+            self.prepare_at = prepare_step(worker, workers, count)
         self.opening: Optional[StepGroup] = None  # the steps before the phase, read ahead
 
-    def prepare(self) -> None:
-        """Read ahead the group that opens the epoch (its steps before ``phase``), into the buffer
-        for the next epoch's group, while the epoch before is read."""
-        if self.group_steps and self.phase > 0 and self.opening is None:
+    def _phase(self, phase: int) -> None:
+        self.phase = phase
+        self.prepare_at = last_start(phase, self.group_steps, self.steps)
+
+    def prepare(self, carried_steps: Optional[int] = None) -> None:
+        """Read ahead the group that opens the epoch (its steps before ``phase``: those the epoch
+        before's last group reaches into, ``carried_steps``), into the buffer for the next epoch's
+        group, while the epoch before is read."""
+        if not self.group_steps or self.opening is not None:
+            return
+        if carried_steps is not None:
+            self._phase(next_phase(carried_steps, self.group_steps, self.steps))
+        if self.phase > 0:
             self.opening = StepGroup(self, 0, self.phase, ahead=True)
 
     def close(self) -> None:
@@ -105,8 +116,9 @@ class DirectBatches:
             self.reading.close()
             raise
         out = self._step(step)
-        if step == self.prepare_at:
-            self.source.prepare(self.epoch + 1)
+        if step == self.prepare_at:  # (with its last group: the steps of the next epoch that group reaches into)
+            reach = carried(self.phase, self.group_steps, self.steps) if self.group_steps else None
+            self.source.prepare(self.epoch + 1, reach)
         return out
 
     def _step(self, step: int) -> Union["DirectStep", "GroupedStep"]:

@@ -73,16 +73,17 @@ class WorkerSource:
             prepared.close()  # (epochs are asked for in order: not expected)
         return self._batches(epoch)
 
-    def prepare(self, epoch: int) -> None:
+    def prepare(self, epoch: int, carried: Optional[int] = None) -> None:
         """Make ``epoch``'s iterator now, while the epoch before is read: its plan and order, and
-        on the fast path its first group of steps (``DirectBatches.prepare``). Only a head start:
-        where anything fails, the epoch begins as usual when it is asked for, and fails there."""
+        on the fast path its opening group of steps (``DirectBatches.prepare``: ``carried``, the steps
+        the epoch before's last group reaches into). Only a head start: where anything fails, the
+        epoch begins as usual when it is asked for, and fails there."""
         if self.prepared is not None:
             return
         batches: Optional[Union[EpochBatches, DirectBatches]] = None
         try:
             batches = self._batches(epoch)
-            batches.prepare()
+            batches.prepare(carried)
         except Exception as exc:  # noqa: BLE001 - said again, in its place, when the epoch is asked for
             log.debug("dali_shards: epoch %d not prepared ahead: %r", epoch, exc)
             if batches is not None:
@@ -215,8 +216,9 @@ class EpochBatches:
             src.prepare(self.epoch + 1)
         return batch
 
-    def prepare(self) -> None:
-        """The epoch's plan and this worker's emissions, made now (nothing is read)."""
+    def prepare(self, carried: Optional[int] = None) -> None:
+        """The epoch's plan and this worker's emissions, made now (nothing is read; ``carried``:
+        the fast path's, see ``DirectBatches.prepare``)."""
         if self._planned is None:
             plan = self.source.plan_for(self.epoch)
             self._planned = (plan, plan.worker_emissions(self.source.config.virtual_worker, self._window(plan)[2]))

@@ -28,24 +28,35 @@ from dali_shards.worker.sources import make_source
 WORKERS, BATCH = 4, 8  # mini-batches of 2 samples; 60 samples: 8 steps per epoch
 
 
-@given(workers=st.integers(1, 64), steps=st.integers(1, 120), group=st.integers(1, 300))
+@given(workers=st.integers(1, 64), steps=st.lists(st.integers(1, 120), min_size=1, max_size=4),
+       group=st.integers(1, 300))  # fmt: skip
 @settings(max_examples=200, deadline=None)
-def test_the_workers_spread_their_turns_and_groups_over_the_epoch(workers, steps, group):
-    prepare = [stagger.prepare_step(w, workers, steps) for w in range(workers)]
-    phase = [stagger.group_phase(w, workers, steps, group) for w in range(workers)]
-    assert all(0 <= p < steps for p in prepare)
-    assert max(Counter(prepare).values()) <= -(-workers // steps), "at most ceil(W / S) workers prepare at a step"
-    assert all(0 <= ph <= p for ph, p in zip(phase, prepare)), "the opening group is handed on before the next is read"
-    starts: Counter = Counter()
-    for w in range(workers):
-        first = phase[w]  # (the steps before it: the opening group, read the epoch before)
-        while first < steps:
-            starts[first] += 1
-            end = stagger.group_end(first, phase[w], group, steps)
-            assert first < end <= min(steps, first + group)
-            first = end
-        assert phase[w] == 0 or stagger.group_end(0, phase[w], group, steps) == phase[w]
-    assert not starts or max(starts.values()) <= -(-workers // min(group, steps)), "groups begin at every step alike"
+def test_the_workers_spread_their_turns_and_groups_over_the_epochs(workers, steps, group):
+    """Epochs of ``steps`` steps in turn: each worker's groups follow one another across epochs (the
+    last of an epoch read with the next epoch's opening, at most a group's steps together); where
+    the epochs are alike, no step has more workers beginning a group than the spread allows."""
+    prepare = [stagger.prepare_step(w, workers, steps[0]) for w in range(workers)]
+    assert all(0 <= p < steps[0] for p in prepare)
+    assert max(Counter(prepare).values()) <= -(-workers // steps[0]), "at most ceil(W / S) workers prepare at a step"
+    phases = [stagger.first_phase(w, workers, steps[0], group) for w in range(workers)]
+    for e, count in enumerate(steps):
+        g = min(group, count)
+        starts: Counter = Counter()
+        for w in range(workers):
+            phase, first, last = phases[w], phases[w], None
+            assert 0 <= phase < g
+            while first < count:
+                starts[first] += 1
+                last, first = first, stagger.group_end(first, phase, group, count)
+                assert last < first <= min(count, last + g), "a group holds at most g steps"
+            assert last == stagger.last_start(phase, group, count) >= phase, "the next is read after the opening"
+            reach = stagger.carried(phase, group, count)
+            assert (count - last) + reach == g, "the last group and the steps it reaches into: one group"
+            if e + 1 < len(steps):
+                phases[w] = stagger.next_phase(reach, group, steps[e + 1])
+                assert phases[w] <= reach, "the next epoch's opening: steps the last group reaches into"
+        if len(set(steps[: e + 1])) == 1:  # epochs alike so far: the phases stay spread
+            assert max(starts.values()) <= -(-workers // g), "groups begin at every step alike"
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +81,7 @@ class Rank:
         self.sources = [make_source(c, direct=direct) for c in configs]
         self.now = (0, 0, 0)
         self.reads = defaultdict(int)
+        self.made = {}  # each epoch's iterators, by worker
         read_runs, read = LocalFiles.read_runs, LocalFiles.read
 
         def counted(original):
@@ -86,7 +98,7 @@ class Rank:
         """The epoch's steps, each the workers' fields assembled as the ring's consumer does."""
         if not self.prepared:  # a new source for every epoch: nothing prepared ahead
             self.sources = [make_source(c, direct=self.direct) for c in self.configs]
-        batches = [s.epoch(epoch) for s in self.sources]
+        batches = self.made[epoch] = [s.epoch(epoch) for s in self.sources]
         out, buf = [], np.zeros(8 << 20, dtype=np.uint8)
         for step in itertools.count():
             fields = []
@@ -110,28 +122,25 @@ class Rank:
 
 
 def test_the_next_epoch_is_read_ahead_at_each_workers_own_step(paths, monkeypatch):
-    """Steps of 2 samples in groups of 3 steps: 4 workers, their groups and turns spread over the
-    epoch. At the turn only the workers whose groups begin there read; every other worker's
-    opening steps were read the epoch before, at its own step; no step has more readers than the
-    spread allows, where before all 4 read at every epoch's first step."""
+    """Steps of 2 samples in groups of 3 steps: 4 workers, their groups spread over the epoch. At
+    the turn only the workers whose groups begin there read; every other worker's opening steps
+    were read with its last group of the epoch before, at its own step; no step has more readers
+    than the spread allows, where before all 4 read at every epoch's first step."""
     monkeypatch.setattr(grouped, "GROUP_SAMPLES", 6)
-    configs = rank(paths)
-    ahead = Rank(configs, monkeypatch)
-    assert ahead.epoch(0) and ahead.epoch(1) and ahead.epoch(2)
-    firsts = [s.prepared for s in ahead.sources]  # epoch 3's, prepared during epoch 2
-    assert all(isinstance(b, DirectBatches) and b.epoch == 3 for b in firsts)
-    phases = [b.phase for b in firsts]
-    assert len(set(phases)) > 1 and max(phases) > 0, "the workers' groups begin at different steps"
-    for epoch in (1, 2):
+    ahead = Rank(rank(paths), monkeypatch)
+    for epoch in range(4):
+        assert ahead.epoch(epoch)
+    for epoch in (1, 2, 3):
+        made, before = ahead.made[epoch], ahead.made[epoch - 1]
+        assert all(isinstance(b, DirectBatches) for b in made + before)
+        phases = [b.phase for b in made]
+        assert len(set(phases)) > 1, "the workers' groups begin at different steps"
         turn = ahead.readers(epoch, 0)
-        assert turn == {w for w, p in enumerate(phases) if p == 0}, "at the turn only the workers whose groups begin there read"
-        for w, b in enumerate(firsts):
-            prepare_at = b.prepare_at
+        assert turn == {w for w, p in enumerate(phases) if p == 0}, "at the turn, only the workers whose group begins"
+        for w, b in enumerate(made):
             assert all(w not in ahead.readers(epoch, s) for s in range(b.phase)), "the opening steps were read ahead"
-            if b.phase:
-                assert w in ahead.readers(epoch - 1, prepare_at), "read at the worker's own step of the epoch before"
-        busiest = max(len(ahead.readers(epoch, s)) for s in range(8))
-        assert busiest < WORKERS, "no step where every worker reads"
+            assert w in ahead.readers(epoch - 1, before[w].prepare_at), "with the last group of the epoch before"
+        assert max(len(ahead.readers(epoch, s)) for s in range(8)) <= 2, "4 workers, 3 steps a group: 2 at most"
 
 
 @pytest.mark.parametrize("direct", [True, False])

@@ -13,10 +13,7 @@ steps, read ahead; nothing of it is handed on before it is asked for. The module
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
-
-import numpy as np
+from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from dali_shards.errors import WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
@@ -29,6 +26,7 @@ from dali_shards.shm.packed import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.grouped import GroupBuffers
+from dali_shards.worker.pending import Pending, draws
 from dali_shards.worker.reader import Item, ShardReader, Skipped
 from dali_shards.worker.stagger import prepare_step
 from dali_shards.worker.standin import StandIn
@@ -138,45 +136,6 @@ class WorkerSource:
         order = [pos for pos in plan.worker_read_order(self.config.virtual_worker).tolist() if pos in needed]
         reader = ShardReader(self.config, self.stamps.progress, plan.epoch)
         return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
-
-
-def draws(emissions: List[Tuple[int, bool]]) -> List[int]:
-    """The positions of ``emissions`` in order, each as many times as it is drawn valid (once where
-    it only pads)."""
-    counts = Counter(pos for pos, ok in emissions if ok)
-    for pos, _ in emissions:
-        counts.setdefault(pos, 1)
-    return sorted(counts.elements())
-
-
-class Pending:
-    """Samples read ahead of their emission, by position: one per draw (a mix may draw a sample
-    twice in an epoch), taken oldest first."""
-
-    def __init__(self) -> None:
-        self._items: Dict[int, List[Item]] = {}
-
-    def put(self, pos: int, item: Item) -> None:
-        self._items.setdefault(pos, []).append(item)
-
-    def __contains__(self, pos: int) -> bool:
-        return pos in self._items
-
-    def __len__(self) -> int:
-        return sum(len(items) for items in self._items.values())
-
-    def pop(self, pos: int) -> Item:
-        items = self._items[pos]
-        item = items.pop(0)
-        if not items:
-            del self._items[pos]
-        return item
-
-    def values(self) -> List[Item]:
-        return [item for items in self._items.values() for item in items]
-
-    def clear(self) -> None:
-        self._items.clear()
 
 
 class EpochBatches:

@@ -2,7 +2,8 @@
 median over every timed epoch of every round, so that a stall at an epoch's end or start (the
 workers turning to the next epoch, DALI's queue refilled after its reset) shows at its place, and
 both rates: the steady one (the batch over the median step) and the whole epoch's (its samples over
-its time, the turn included).
+its time, the turn included: the median epoch's, and, less moved by this shared machine's spikes
+of noise, the sum of the positions' medians).
 
 A step's time runs from the end of the step before; the first step's from the end of the epoch
 before (the pipeline's reset and refill included), and the epoch's end (its last call, which ends
@@ -30,6 +31,7 @@ def positions_of(epochs: Sequence[Sequence[float]], batch_size: int) -> Dict:
     epoch_ms = statistics.median(sum(e) for e in epochs)
     steady = 1000 * batch_size / median_step
     whole = 1000 * batch_size * (length - 1) / epoch_ms
+    of_medians = 1000 * batch_size * (length - 1) / (sum(by_position) + end)
     return {
         "steps_per_epoch": length - 1,
         "epochs_measured": len(epochs),
@@ -41,14 +43,15 @@ def positions_of(epochs: Sequence[Sequence[float]], batch_size: int) -> Dict:
         "steady_samples_per_s": steady,
         "whole_epoch_samples_per_s": whole,
         "whole_vs_steady": whole / steady,
+        "whole_of_medians_samples_per_s": of_medians,
+        "whole_of_medians_vs_steady": of_medians / steady,
     }
 
 
 def per_round(rounds: Sequence[Sequence[Sequence[float]]], batch_size: int) -> Dict[str, List[float]]:
     """Each round's own worst step ratio and whole/steady ratio (their spread over rounds)."""
     got = [positions_of(r, batch_size) for r in rounds if r]
-    return {"worst_step_vs_median": [g["worst_step_vs_median"] for g in got],
-            "whole_vs_steady": [g["whole_vs_steady"] for g in got]}  # fmt: skip
+    return {key: [g[key] for g in got] for key in ("worst_step_vs_median", "whole_vs_steady", "whole_of_medians_vs_steady")}
 
 
 def print_positions(table: Dict[str, Dict], header: str) -> None:
@@ -58,17 +61,20 @@ def print_positions(table: Dict[str, Dict], header: str) -> None:
     width = max(len(label) for label in table)
     length = max(r["steps_per_epoch"] for r in table.values())
     cols = " ".join(f"{i + 1:>5}" for i in range(length))
-    print(f"{'':{width}} {cols} {'end':>5} | {'median':>6} {'worst':>6} {'steady/s':>9} {'whole/s':>9} {'whole/steady':>12}")
+    print(f"{'':{width}} {cols} {'end':>5} | {'median':>6} {'worst':>18} {'steady/s':>9} {'whole/s':>9} "
+          f"{'whole/steady':>18} {'of medians':>18}")  # fmt: skip
     for label, r in table.items():
         steps = " ".join(f"{x:5.1f}" for x in r["step_ms"])
-        spread = r.get("rounds", {})
-        worst = f"{r['worst_step_vs_median']:5.2f}x"
-        ratio = f"{r['whole_vs_steady']:5.2f}x"
-        if spread:
-            worst += f" ({min(spread['worst_step_vs_median']):.2f}-{max(spread['worst_step_vs_median']):.2f})"
-            ratio += f" ({min(spread['whole_vs_steady']):.2f}-{max(spread['whole_vs_steady']):.2f})"
-        print(f"{label:{width}} {steps} {r['end_ms']:5.1f} | {r['median_step_ms']:6.1f} {worst} "
-              f"{r['steady_samples_per_s']:9.0f} {r['whole_epoch_samples_per_s']:9.0f} {ratio}")  # fmt: skip
+        ratios = [with_range(r, key) for key in ("worst_step_vs_median", "whole_vs_steady", "whole_of_medians_vs_steady")]
+        print(f"{label:{width}} {steps} {r['end_ms']:5.1f} | {r['median_step_ms']:6.1f} {ratios[0]:>18} "
+              f"{r['steady_samples_per_s']:9.0f} {r['whole_epoch_samples_per_s']:9.0f} {ratios[1]:>18} {ratios[2]:>18}")  # fmt: skip
     print(f"(ms per step by position, medians over every timed epoch of every round; worst: the slowest position "
-          f"over the median step, target <= {TARGET_STEP}x; whole/steady target >= {TARGET_WHOLE}x; "
-          "in brackets: the range over rounds)")  # fmt: skip
+          f"over the median step, target <= {TARGET_STEP}x; whole/steady: the median epoch's rate over the steady "
+          f"rate, target >= {TARGET_WHOLE}x; of medians: the rate of an epoch of the positions' medians over the "
+          "steady rate; in brackets: the range over rounds)")  # fmt: skip
+
+
+def with_range(r: Dict, key: str) -> str:
+    """A ratio and its range over rounds."""
+    spread = r.get("rounds", {}).get(key)
+    return f"{r[key]:.2f}x" + (f" ({min(spread):.2f}-{max(spread):.2f})" if spread else "")

@@ -10,7 +10,7 @@ epoch before is read (``DirectBatches.prepare``), into a buffer of its own. Impo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -29,19 +29,35 @@ def group_steps(mini_batch: int) -> int:
 
 
 class GroupBuffers:
-    """A worker's buffers for its groups' bytes, kept across epochs (a buffer's first touch costs):
-    one for the group being handed on, one for the group that opens the next epoch, read ahead.
-    Each grows, with room to spare, to the largest group it held (an allocation or two per run)."""
+    """A worker's buffer for its groups' bytes, kept across epochs (a buffer's first touch costs),
+    grown with room to spare to what it had to hold (an allocation or two per run). A group is laid
+    out from its start: when one is made, every group before it has been handed on. The group that
+    opens the next epoch (``ahead``) is read with the current epoch's last group, the two together
+    one group's steps: it goes after that group, where the buffer has room; else into a spare
+    buffer, and the buffer grows to hold both when the next group is made (the spare then goes)."""
 
     def __init__(self) -> None:
-        self._buffers = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
+        self.buffer = np.empty(0, dtype=np.uint8)
+        self.used = 0  # bytes of the buffer the current group holds
+        self.want = 0  # bytes the buffer should hold: the current group and the opening group together
+        self.spare: Optional[np.ndarray] = None
 
     def get(self, size: int, ahead: bool = False) -> np.ndarray:
-        """A buffer of at least ``size`` bytes: the next epoch's (``ahead``) or the current one's."""
-        which = int(ahead)
-        if len(self._buffers[which]) < size:
-            self._buffers[which] = np.empty(size + size // 4, dtype=np.uint8)
-        return self._buffers[which]
+        """Room for ``size`` bytes: for the next group, or (``ahead``) for the next epoch's opening
+        group, beside the current one."""
+        if ahead:
+            at = int(aligned(self.used))
+            if at + size <= len(self.buffer):
+                return self.buffer[at:]
+            self.want = max(self.want, at + size)
+            if self.spare is None or len(self.spare) < size:
+                self.spare = np.empty(size + size // 4, dtype=np.uint8)
+            return self.spare
+        need = max(size, self.want)
+        if len(self.buffer) < need:  # (the groups it held are handed on; a spare in use is kept by its group)
+            self.buffer, self.spare = np.empty(need + need // 4, dtype=np.uint8), None
+        self.used = size
+        return self.buffer
 
 
 def first_seen(places: np.ndarray) -> tuple:

@@ -151,10 +151,14 @@ def test_a_prepared_epoch_hands_on_what_an_epoch_made_at_its_turn_does(paths, mo
     monkeypatch.setattr(grouped, "GROUP_SAMPLES", 6)
     configs = rank(paths)
     ahead, fresh = Rank(configs, monkeypatch, direct=direct), Rank(configs, monkeypatch, direct=direct, prepared=False)
-    for epoch in range(3):
+    shared = 0  # opening groups read after the last group, in its buffer
+    for epoch in range(4):
         assert ahead.epoch(epoch) == fresh.epoch(epoch)
         kind = DirectBatches if direct else EpochBatches
         assert all(isinstance(s.prepared, kind) and s.prepared.epoch == epoch + 1 for s in ahead.sources)
+        openings = [(s.prepared.opening, s.buffers) for s in ahead.sources if direct and s.prepared.opening is not None]
+        shared += sum(np.shares_memory(o.buf, b.buffer) for o, b in openings if o.ok)
+    assert shared or not direct
     if not direct:
         assert all(s.prepared._planned is not None and s.prepared._clock is None for s in ahead.sources), (
             "planned ahead, nothing read"
@@ -176,3 +180,20 @@ def test_a_failed_preparation_leaves_the_epoch_to_its_turn(paths, monkeypatch):
     ahead.epoch(0)
     assert all(s.prepared is None for s in ahead.sources)
     assert ahead.epoch(1) == expected
+
+
+def test_the_opening_group_shares_the_buffer_of_the_last_group():
+    """A worker's groups take one buffer: the next epoch's opening group, read with the current
+    epoch's last group, goes after it where there is room; else into a spare, and the buffer grows
+    to hold both when the next group is made, the spare let go. Memory for groups: one group's
+    steps (the last group and the opening together are one group's), not two buffers."""
+    buffers = grouped.GroupBuffers()
+    first = buffers.get(10_000)
+    opening = buffers.get(6_000, ahead=True)  # no room after the group: a spare
+    assert not np.shares_memory(first, opening) and buffers.spare is opening
+    again = buffers.get(10_000)  # the next group (the opening handed on by now): room for both
+    assert buffers.spare is None and len(again) >= 10_240 + 6_000
+    opening = buffers.get(6_000, ahead=True)
+    assert np.shares_memory(again, opening) and buffers.spare is None
+    assert opening.__array_interface__["data"][0] - again.__array_interface__["data"][0] == 10_240  # after the group, block-aligned
+    assert len(buffers.get(4_000)) == len(again), "no new buffer while it is large enough"

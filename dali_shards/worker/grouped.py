@@ -29,12 +29,13 @@ def group_steps(mini_batch: int) -> int:
 
 
 class GroupBuffers:
-    """A worker's buffer for its groups' bytes, kept across epochs (a buffer's first touch costs),
-    grown with room to spare to what it had to hold (an allocation or two per run). A group is laid
-    out from its start: when one is made, every group before it has been handed on. The group that
-    opens the next epoch (``ahead``) is read with the current epoch's last group, the two together
-    one group's steps: it goes after that group, where the buffer has room; else into a spare
-    buffer, and the buffer grows to hold both when the next group is made (the spare then goes)."""
+    """A worker's buffer for its groups' bytes, kept across epochs (a buffer's first touch costs):
+    room for a group of ``GROUP_BYTES`` or more reserved at once (only the pages a group touches
+    take memory), grown with room to spare where a group needs more. A group is laid out from its
+    start: when one is made, every group before it has been handed on. The group that opens the next
+    epoch (``ahead``) is read with the current epoch's last group, the two together one group's
+    steps: it goes after that group, where the buffer has room; else into a spare buffer, and the
+    buffer grows to hold both when the next group is made (the spare then goes)."""
 
     def __init__(self) -> None:
         self.buffer = np.empty(0, dtype=np.uint8)
@@ -55,7 +56,8 @@ class GroupBuffers:
             return self.spare
         need = max(size, self.want)
         if len(self.buffer) < need:  # (the groups it held are handed on; a spare in use is kept by its group)
-            self.buffer, self.spare = np.empty(need + need // 4, dtype=np.uint8), None
+            room = max(need + need // 4, GROUP_BYTES + GROUP_BYTES // 4)
+            self.buffer, self.spare = np.empty(room, dtype=np.uint8), None
         self.used = size
         return self.buffer
 

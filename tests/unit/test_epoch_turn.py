@@ -182,11 +182,12 @@ def test_a_failed_preparation_leaves_the_epoch_to_its_turn(paths, monkeypatch):
     assert ahead.epoch(1) == expected
 
 
-def test_the_opening_group_shares_the_buffer_of_the_last_group():
+def test_the_opening_group_shares_the_buffer_of_the_last_group(monkeypatch):
     """A worker's groups take one buffer: the next epoch's opening group, read with the current
     epoch's last group, goes after it where there is room; else into a spare, and the buffer grows
     to hold both when the next group is made, the spare let go. Memory for groups: one group's
     steps (the last group and the opening together are one group's), not two buffers."""
+    monkeypatch.setattr(grouped, "GROUP_BYTES", 8_000)  # (room reserved at first: a group of GROUP_BYTES or more)
     buffers = grouped.GroupBuffers()
     first = buffers.get(10_000)
     opening = buffers.get(6_000, ahead=True)  # no room after the group: a spare

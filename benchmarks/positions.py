@@ -78,3 +78,18 @@ def with_range(r: Dict, key: str) -> str:
     """A ratio and its range over rounds."""
     spread = r.get("rounds", {}).get(key)
     return f"{r[key]:.2f}x" + (f" ({min(spread):.2f}-{max(spread):.2f})" if spread else "")
+
+
+def markdown(table: Dict[str, Dict], header: str) -> str:
+    """The per-position table in Markdown (``throughput.py --positions`` writes it beside its JSON)."""
+    length = max(r["steps_per_epoch"] for r in table.values())
+    lines = [header, "", "| configuration | " + " | ".join(str(i + 1) for i in range(length)) + " | end | median step, ms "
+             "| worst / median | steady, samples/s | whole epoch, samples/s | whole / steady | of medians / steady |",
+             "| --- |" + " ---: |" * (length + 7)]  # fmt: skip
+    for label, r in table.items():
+        cells = [f"{x:.1f}" for x in r["step_ms"]] + [f"{r['end_ms']:.1f}", f"{r['median_step_ms']:.1f}"]
+        cells += [with_range(r, "worst_step_vs_median"), f"{r['steady_samples_per_s']:,.0f}",
+                  f"{r['whole_epoch_samples_per_s']:,.0f}", with_range(r, "whole_vs_steady"),
+                  with_range(r, "whole_of_medians_vs_steady")]  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from harness import bench_dir, child_main, interleaved, run_child  # noqa: E402
-from positions import per_round, positions_of, print_positions  # noqa: E402
+from positions import markdown, per_round, positions_of, print_positions  # noqa: E402
 
 TRANSFERS = ("ring", "merge")
 WORKER_MODES = ("bytes", "peek")  # measured at every worker count of --workers
@@ -225,8 +225,11 @@ def main(argv=None):
               "run in its own process")  # fmt: skip
     print_table(results, ratios, header)
     if args.positions:
-        print_positions({f"{m} {label} {n}w": r["positions"] for (m, label, n), r in results.items() if "positions" in r},
-                        f"Step times by position in the epoch, {args.epochs} timed epochs x {args.rounds} rounds")  # fmt: skip
+        table = {f"{m} {label} {n}w": r["positions"] for (m, label, n), r in results.items() if "positions" in r}
+        title = f"Step times by position in the epoch (ms), {args.epochs} timed epochs x {args.rounds} rounds"
+        print_positions(table, title)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(markdown(table, f"{title}; {header}"))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

@@ -13,8 +13,6 @@ from typing import List, Optional, Sequence, Tuple
 from dali_shards import __version__
 from dali_shards.errors import ConfigError, DaliShardsError, ShardAccessError
 from dali_shards.tools.plan_command import add_plan_options, run_plan
-from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.scan import scan_shard
 from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote
@@ -90,11 +88,7 @@ def _default_manifest(urls: Sequence[str]) -> str:
 
 # -- index --------------------------------------------------------------------------------
 def cmd_index(args: argparse.Namespace) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tqdm import tqdm
-
-    from dali_shards.tools.dali_index import check_distinct_index_paths, write_dali_index
+    from dali_shards.tools.dali_index import check_distinct_index_paths, index_shards
 
     config = _storage(args)
     urls = _expand_all(args.patterns, config)
@@ -103,12 +97,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     no_idx = args.no_idx or remote  # DALI's reader reads local files only
     if not no_idx:
         check_distinct_index_paths(urls)
-
-    def index(url: str) -> ShardInfo:
-        return scan_shard(url, config=config) if no_idx else write_dali_index(url)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(args.threads, len(urls)))) as pool:
-        infos = list(tqdm(pool.map(index, urls), total=len(urls), disable=args.quiet, desc="indexing"))
+    infos = index_shards(urls, config, no_idx=no_idx, threads=args.threads, engine=args.engine,
+                         address=args.ray_address, progress=not args.quiet)  # fmt: skip
     write_manifest(manifest, infos, config)
     print(
         f"{len(infos)} shards, {sum(i.samples for i in infos)} samples: manifest {manifest}"
@@ -153,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _shards_parser(sub, "index", cmd_index)
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
     p.add_argument("--no-idx", action="store_true", help="write only the manifest")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="scan here (threads) or in Ray tasks (pip install 'dali-shards[ray]'); the same manifest")
+    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else a local Ray instance)")
     _add_scan_options(p)
     p = _shards_parser(sub, "inspect", cmd_inspect)
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -84,6 +84,8 @@ def write_dataset(
         raise ConfigError(f"tasks must be at least 1, got {tasks}")
     found = find_input(source, class_map=class_map, numeric=numeric_classes, columns=columns,
                        numbered_keys=numbered_keys, storage=storage)  # fmt: skip
+    if getattr(found, "reader", None).__class__.__name__ == "RayReader" and engine != "ray":
+        raise ConfigError("a Ray Dataset as input needs engine='ray' (its blocks are in Ray's object store)")
     shards, groups = _plan(found, pattern, max_count, max_size, shuffle, seed, window, storage)
     folder = out_folder(pattern)
     target = Target(f"{folder}/{PARTS}", storage)

@@ -18,8 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from typing import Dict, List
+from typing import Dict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -47,42 +46,42 @@ def tree_bytes(tree: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(tree) for n in names)
 
 
-def run_write(tree: str, out: str, args: List[str], env: Dict[str, str]) -> float:
-    """Seconds one `dali-shards write` took, from the command's start (Ray's start included)."""
+WRITE = """
+import sys, time
+from dali_shards.tools.folderwriter import write_dataset
+tree, out, engine, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if engine == "ray":  # a cluster of n CPUs, up before the job (as a cluster is)
+    import ray
+    ray.init(num_cpus=n, include_dashboard=False, configure_logging=False, log_to_driver=False)
+start = time.perf_counter()
+write_dataset(tree, out + "/train-%06d.tar", engine=engine, **({"processes": n} if engine == "local" else {}))
+print(time.perf_counter() - start)
+"""
+
+
+def run_write(tree: str, out: str, engine: str, n: int, env: Dict[str, str]) -> float:
+    """Seconds one write job took (`dali-shards write` as a Python call in a fresh process), from
+    the call; Ray's cluster started before it."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "dali_shards.cli", "write", tree, os.path.join(out, "train-%06d.tar"), "--quiet"]
-    start = time.perf_counter()
-    subprocess.run(cmd + args, check=True, env=env, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def on_ray(cpus: int, run):
-    """``run(address)`` against a Ray cluster of ``cpus`` CPUs on this machine (started for it, as
-    `ray start` starts a node of a cluster, and stopped after)."""
-    port = 6390 + cpus
-    ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    head = subprocess.Popen([ray, "start", "--head", "--block", f"--num-cpus={cpus}", f"--port={port}",
-                             "--include-dashboard=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        time.sleep(8)  # the head is up (the connection itself is measured)
-        return run(f"127.0.0.1:{port}")
-    finally:
-        head.terminate()
-        head.wait(60)
+    done = subprocess.run([sys.executable, "-c", WRITE, tree, out, engine, str(n)], check=True, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 LITDATA = """
 import os, sys, time
 from litdata import optimize
 tree, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-classes = sorted(os.listdir(tree))
-inputs = [(os.path.join(tree, c, n), i) for i, c in enumerate(classes) for n in sorted(os.listdir(os.path.join(tree, c)))]
 def sample(item):
     path, label = item
     with open(path, "rb") as f:
         return {"jpg": f.read(), "cls": label}
 if __name__ == "__main__":
+    start = time.perf_counter()  # from listing the files, as write_dataset's time counts it
+    classes = sorted(os.listdir(tree))
+    inputs = [(os.path.join(tree, c, n), i) for i, c in enumerate(classes) for n in sorted(os.listdir(os.path.join(tree, c)))]
     optimize(fn=sample, inputs=inputs, output_dir=out, chunk_bytes="64MB", num_workers=workers, mode="overwrite")
+    print(time.perf_counter() - start)
 """
 
 
@@ -90,10 +89,9 @@ def run_litdata(tree: str, out: str, workers: int, env: Dict[str, str]) -> float
     shutil.rmtree(out, ignore_errors=True)
     script = os.path.join(tempfile.mkdtemp(), "litdata_optimize.py")
     open(script, "w").write(LITDATA)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, script, tree, out, str(workers)], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return time.perf_counter() - start
+    done = subprocess.run([sys.executable, script, tree, out, str(workers)], check=True, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -110,10 +108,10 @@ def main() -> None:
            "RAY_ACCEPT_CLUSTER_TOKEN": "1"}  # fmt: skip
     out = os.path.join(args.work, "out")
     runs = {
-        "local, 2 processes": lambda: run_write(tree, out, ["--processes", "2"], env),
-        "local, 1 process": lambda: run_write(tree, out, ["--processes", "1"], env),
-        "ray, 2 CPUs": lambda: on_ray(2, lambda address: run_write(tree, out, ["--engine", "ray", "--ray-address", address], env)),
-        "ray, 1 CPU": lambda: on_ray(1, lambda address: run_write(tree, out, ["--engine", "ray", "--ray-address", address], env)),
+        "local, 2 processes": lambda: run_write(tree, out, "local", 2, env),
+        "local, 1 process": lambda: run_write(tree, out, "local", 1, env),
+        "ray, 2 CPUs": lambda: run_write(tree, out, "ray", 2, env),
+        "ray, 1 CPU": lambda: run_write(tree, out, "ray", 1, env),
     }
     try:
         import litdata  # noqa: F401
@@ -144,7 +142,7 @@ def main() -> None:
     open(args.out + ".md", "w").write(
         f"# Preparing shards\n\n`python benchmarks/prepare.py --samples {args.samples}`: {args.samples} JPEGs, "
         f"{size / 1e9:.2f} GB (mean {size / args.samples / 1e3:.0f} KB), on {os.cpu_count()} CPUs; each the fastest "
-        f"of {args.repeats} runs, from the command's start (Ray's start included).\n\n{text}\n"
+        f"of {args.repeats} runs, from the call (a Ray cluster of that many CPUs started before, as a cluster is; LitData's `optimize` from the same point: before listing the files).\n\n{text}\n"
     )
 
 

@@ -45,9 +45,10 @@ def find_input(source: Any, *, class_map: Optional[Dict[str, int]] = None, numer
     """A ``FilesInput`` or ``BlocksInput`` for ``source`` (a path, a URL or a Ray Dataset)."""
     if not isinstance(source, str):
         if type(source).__module__.startswith("ray.data"):
-            from dali_shards.tools.raydata import ray_dataset_input
+            from dali_shards.tools.raydata import ray_dataset_blocks
 
-            return ray_dataset_input(source, parquet.parse_columns(columns or parquet.DEFAULT_COLUMNS))
+            wanted = parquet.parse_columns(columns or parquet.DEFAULT_COLUMNS)
+            return BlocksInput(*ray_dataset_blocks(source, wanted), wanted)
         raise ConfigError(f"a write's source is a path, a URL or a Ray Dataset, got {type(source).__name__}")
     files = _parquet_files(source, storage)
     if files:

@@ -42,11 +42,9 @@ def _num_rows(table: Any) -> Tuple[int, Any]:
     return table.num_rows, table.schema
 
 
-def ray_dataset_input(ds: Any, columns: Dict[str, str]) -> Any:
-    """The blocks of a Ray Dataset (materialized in order), its columns checked."""
+def ray_dataset_blocks(ds: Any, columns: Dict[str, str]) -> Tuple["RayReader", List[Tuple[Piece, ...]], List[int]]:
+    """The reader, blocks and row counts of a Ray Dataset (materialized in order), its columns checked."""
     import ray
-
-    from dali_shards.tools.inputs import BlocksInput
 
     context = ray.data.DataContext.get_current()
     kept, context.execution_options.preserve_order = context.execution_options.preserve_order, True
@@ -64,7 +62,7 @@ def ray_dataset_input(ds: Any, columns: Dict[str, str]) -> Any:
         if n and "cls" in columns:
             check_label_type("the Ray Dataset", columns["cls"], schema.field(columns["cls"]).type)
     blocks = cut(refs, [n for n, _ in counted], BLOCK_ROWS)
-    return BlocksInput(RayReader(tuple(columns.items())), blocks, [sum(p.hi - p.lo for p in b) for b in blocks], columns)
+    return RayReader(tuple(columns.items())), blocks, [sum(p.hi - p.lo for p in b) for b in blocks]
 
 
 def cut(refs: Sequence[Any], counts: Sequence[int], size: int) -> List[Tuple[Piece, ...]]:

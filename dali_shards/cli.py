@@ -18,7 +18,7 @@ from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote
 from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, folder_manifest, is_manifest
 from dali_shards.io.storage import local_path
-from dali_shards.tools.write_command import add_write_command, human_size, parse_size  # noqa: F401 - parse_size: API
+from dali_shards.tools.write_command import add_write_command, human_size, parse_size, storage_options  # noqa: F401 - parse_size: API
 
 
 def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None) -> List[str]:
@@ -45,17 +45,7 @@ def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None
 
 
 def _storage(args: argparse.Namespace) -> StorageOptions:
-    text = getattr(args, "storage_options", None)
-    foreign = bool(getattr(args, "manifest_foreign_urls", False))
-    if not text:
-        return StorageOptions(manifest_foreign_urls=foreign)
-    try:
-        options = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--storage-options is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
-    return StorageOptions(storage_options=options, manifest_foreign_urls=foreign)
+    return storage_options(getattr(args, "storage_options", None), bool(getattr(args, "manifest_foreign_urls", False)))
 
 
 def _add_storage_option(p: argparse.ArgumentParser) -> None:

@@ -104,19 +104,24 @@ def write_dataset(
                 _run(runner, work, spool, sum(s.samples for s in shards), len(shards), len(kept), progress)
             finally:
                 runner.close()
-        path = manifest or f"{folder}/{MANIFEST_NAME}"
-        result = WriteResult([], path, getattr(found, "class_map", None), len(kept), getattr(found, "renamed", []))
-        if result.class_map is not None:  # before the manifest: the manifest is written last
-            from dali_shards.tools.imagefolder import save_class_map
-
-            save_class_map(f"{folder}/classes.json", result.class_map, storage)
-        result.shards = spool.merge(path, storage)
+        result = _finish(found, spool, folder, manifest or f"{folder}/{MANIFEST_NAME}", len(kept), storage)
     except BaseException:
         _left(folder, target.parts, created)
         raise
     finally:
         spool.close()
     clean(target.parts, folder, storage)
+    return result
+
+
+def _finish(found: Any, spool: Spool, folder: str, path: str, kept: int, storage: StorageOptions) -> WriteResult:
+    """The class map, then the manifest (last): what the job wrote."""
+    result = WriteResult([], path, getattr(found, "class_map", None), kept, getattr(found, "renamed", []))
+    if result.class_map is not None:
+        from dali_shards.tools.imagefolder import save_class_map
+
+        save_class_map(f"{folder}/classes.json", result.class_map, storage)
+    result.shards = spool.merge(path, storage)
     return result
 
 

@@ -159,13 +159,14 @@ def windows_of(blocks: Sequence[Any], rows: Sequence[int], window: int, shuffle:
         random.Random(seed).shuffle(order)
     out: List[Window] = []
     taken: List[int] = []
-    first = 0
+    first = held = 0
     for i in order:
         taken.append(i)
-        if sum(rows[j] for j in taken) >= window:
+        held += rows[i]
+        if held >= window:
             out.append(Window(len(out), tuple(blocks[j] for j in taken), tuple(rows[j] for j in taken), first))
-            first += out[-1].samples
-            taken = []
+            first += held
+            taken, held = [], 0
     if taken:
         out.append(Window(len(out), tuple(blocks[j] for j in taken), tuple(rows[j] for j in taken), first))
     return out

@@ -127,20 +127,20 @@ def cmd_write(args: argparse.Namespace) -> int:
     return 0
 
 
-def storage_options(text: Optional[str]) -> Any:
-    """``--storage-options JSON`` as StorageOptions."""
+def storage_options(text: Optional[str], foreign: bool = False) -> Any:
+    """``--storage-options JSON`` (and ``--manifest-foreign-urls``) as StorageOptions."""
     from dali_shards.errors import ConfigError
     from dali_shards.options import StorageOptions
 
     if not text:
-        return StorageOptions()
+        return StorageOptions(manifest_foreign_urls=foreign)
     try:
         options = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"--storage-options is not JSON: {exc}") from None
     if not isinstance(options, dict):
         raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
-    return StorageOptions(storage_options=options)
+    return StorageOptions(storage_options=options, manifest_foreign_urls=foreign)
 
 
 def warn_stale(pattern: str, out_dir: str, written: set) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -129,8 +130,9 @@ def _plan(found: Any, pattern: str, max_count: int, max_size: Optional[int], shu
           window: Optional[int], storage: StorageOptions) -> Tuple[List[Any], List[Any]]:  # fmt: skip
     """The shards, and what one task may take at most: single shards, or a window's shards."""
     if isinstance(found, FilesInput):
-        files = layout.file_shards(found.files, pattern, max_count=max_count, max_size=max_size, shuffle=shuffle,
-                                   seed=seed, keys=found.keys, size_of=lambda f: _size(f, storage))  # fmt: skip
+        given = _sized(found.files, storage) if max_size is not None else found.files
+        files = layout.file_shards(given, pattern, max_count=max_count, max_size=max_size, shuffle=shuffle,
+                                   seed=seed, keys=found.keys, size_of=lambda f: f.size or 0)  # fmt: skip
         return files, [[s] for s in files]
     assert isinstance(found, BlocksInput)
     if max_size is not None:
@@ -146,8 +148,17 @@ def _plan(found: Any, pattern: str, max_count: int, max_size: Optional[int], shu
     return cut, [by_window[w.index] for w in windows if w.index in by_window]
 
 
-def _size(src: Any, storage: StorageOptions) -> int:
-    return src.size if src.size is not None else input_size(src.path, storage)
+def _sized(files: List[Any], storage: StorageOptions) -> List[Any]:
+    """``files`` with their sizes, those not known yet asked for 16 at a time (``max_size`` needs them)."""
+    unknown = [i for i, f in enumerate(files) if f.size is None]
+    if not unknown:
+        return files
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        sizes = list(pool.map(lambda i: input_size(files[i].path, storage), unknown))
+    out = list(files)
+    for i, size in zip(unknown, sizes):
+        out[i] = out[i]._replace(size=size)
+    return out
 
 
 def _tasks(groups: List[List[Any]], kept: Dict[int, Any], tasks: Optional[int], target: Target, seed: int,

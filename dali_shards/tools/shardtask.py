@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -25,6 +26,7 @@ from dali_shards.tools.remotefiles import read_input
 from dali_shards.tools.writer import TarShardFile
 
 PARTS = ".dali-shards-write"  # the fragments' folder, beside the shards
+READ_AHEAD = 16  # remote input files fetched at once by a task
 
 
 @dataclass(frozen=True)
@@ -108,17 +110,21 @@ def file_members(src: Any, storage: StorageOptions) -> Dict[str, Any]:
 
 
 def write_files(task: Tuple[Target, Sequence[FileShard]]) -> List[Dict[str, Any]]:
-    """Write shards of files; their fragments."""
+    """Write shards of files; their fragments. Remote files are fetched ``READ_AHEAD`` at a time."""
     target, shards = task
     out = []
-    for shard in shards:
-        writing = ShardOut(shard.url, target)
-        try:
-            for key, src in shard.files:
-                writing.add(key, file_members(src, target.storage), src.path)
-            out.append(writing.finish(shard.digest))
-        finally:
-            writing.close()
+    with ThreadPoolExecutor(max_workers=READ_AHEAD) as pool:
+        for shard in shards:
+            writing = ShardOut(shard.url, target)
+            try:
+                sources = [src for _, src in shard.files]
+                read = lambda src: file_members(src, target.storage)  # noqa: E731
+                members = pool.map(read, sources) if any(is_remote(s.path) for s in sources) else map(read, sources)
+                for (key, src), sample in zip(shard.files, members):
+                    writing.add(key, sample, src.path)
+                out.append(writing.finish(shard.digest))
+            finally:
+                writing.close()
     return out
 
 

@@ -60,10 +60,20 @@ def find_input(source: Any, *, class_map: Optional[Dict[str, int]] = None, numer
         if listing:
             found, class_map = remote_tree(source, listing, class_map, numeric, storage)
         else:
-            found, class_map = remote_file_list(source, storage), None
+            found, class_map = _remote_list(source, storage), None
     else:
         found, class_map = find_sources(source, class_map, numeric)
     return _keyed(found, class_map, numbered_keys)
+
+
+def _remote_list(source: str, storage: StorageOptions) -> List[SourceFile]:
+    try:
+        return remote_file_list(source, storage)
+    except ConfigError as exc:
+        if "not found" not in str(exc):
+            raise
+        raise ConfigError(f"{source!r} lists no files (a folder) and is no file: give an ImageFolder tree (HTTP: on a "
+                          "server that lists folders), a file list or Parquet files") from None  # fmt: skip
 
 
 def _keyed(files: List[SourceFile], class_map: Optional[Dict[str, int]], numbered: bool) -> FilesInput:

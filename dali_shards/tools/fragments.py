@@ -6,6 +6,7 @@ manifest and its sample table, written last."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from dali_shards.catalog.manifest import write_manifest
 from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.table import record_starts, table_path
 from dali_shards.io.filesystems import filesystem, is_remote
 from dali_shards.options import StorageOptions
 from dali_shards.tools.shardtask import fragment_url
@@ -27,6 +29,7 @@ def _listing(folder: str, storage: StorageOptions) -> Dict[str, int]:
         except FileNotFoundError:
             return {}
     fs, inner = filesystem(folder, storage)
+    fs.invalidate_cache(inner)  # what is there now, not what this process listed before
     try:
         return {p["name"].rsplit("/", 1)[-1]: int(p.get("size") or 0) for p in fs.ls(inner, detail=True)}
     except FileNotFoundError:
@@ -96,7 +99,8 @@ class Spool:
         assert not missing, f"shards {missing[:5]} have no fragment"  # the engine ran every task
         infos = [self.entries[n] for n in range(len(self.urls))]
         write_manifest(manifest, infos, storage, records=self.records())
-        return infos
+        starts = record_starts([i.samples for i in infos]).tolist()
+        return [dataclasses.replace(i, table=table_path(manifest), table_at=at) for i, at in zip(infos, starts)]
 
     def close(self) -> None:
         self._file.close()

@@ -46,7 +46,7 @@ def ray_dataset_blocks(ds: Any, columns: Dict[str, str]) -> Tuple["RayReader", L
     """The reader, blocks and row counts of a Ray Dataset (materialized in order), its columns checked."""
     import ray
 
-    context = ray.data.DataContext.get_current()
+    context = ds.context  # the Dataset's own (copied from the current one when it was made)
     kept, context.execution_options.preserve_order = context.execution_options.preserve_order, True
     try:
         refs = ds.materialize().to_arrow_refs()

@@ -108,6 +108,37 @@ def test_a_task_killed_mid_shard_is_run_again_and_the_output_is_the_same(tmp_pat
     assert files_of(out) == files_of(tmp_path / "want")
 
 
+def test_a_local_writer_killed_is_a_clear_error_and_a_rerun_completes(tmp_path):
+    from dali_shards.errors import WorkerError
+
+    (tmp_path / "served").mkdir()
+    with HTTPShardServer(str(tmp_path / "served")) as server:
+        lst = slow_list(tmp_path, server)
+        server.faults.rate = 150_000
+        out = tmp_path / "out"
+        failed = []
+
+        def job():
+            try:
+                write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2)
+            except WorkerError as exc:
+                failed.append(str(exc))
+
+        thread = threading.Thread(target=job)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not glob.glob(str(out / ".tmp*-s-*.tar")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tmp = glob.glob(str(out / ".tmp*-s-*.tar"))[0]
+        os.kill(int(os.path.basename(tmp)[4:].split("-")[0]), signal.SIGKILL)
+        thread.join(120)
+        assert failed and "a writer process died" in failed[0] and "run the same command again" in failed[0]
+        server.faults.rate = 0
+        result = write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2)
+        assert result.samples == 47
+    assert files_of(out) == files_of(tmp_path / "want")
+
+
 def test_a_killed_driver_rerun_keeps_the_finished_shards(tmp_path, ray_instance, capsys):
     (tmp_path / "served").mkdir()
     with HTTPShardServer(str(tmp_path / "served")) as server:
@@ -161,6 +192,8 @@ def test_inputs_and_shards_on_s3_then_the_loader_reads_each_sample_once(s3, tmp_
             "--storage-options", json.dumps(options)]  # fmt: skip
     assert main(args + ["--engine", "ray"]) == 0
     assert main(["write", PHOTOS, str(tmp_path / "s-%03d.tar"), "--max-count", "10", "--quiet"]) == 0
+    listed = client.list_objects_v2(Bucket="data", Prefix="shards/")["Contents"]
+    assert sorted(o["Key"][len("shards/"):] for o in listed) == sorted(files_of(tmp_path))  # no fragments left
     for name, data in files_of(tmp_path).items():  # the same bytes as from the local tree
         got = client.get_object(Bucket="data", Key=f"shards/{name}")["Body"].read()
         assert got == data if name != "manifest.json" else json.loads(got) == json.loads(data), name

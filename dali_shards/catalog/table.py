@@ -69,6 +69,8 @@ def write_table(path: str, records: Iterable[bytes], config: StorageOptions = DE
     finally:
         if remote:
             shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+        elif os.path.exists(tmp):  # a failed write leaves nothing
+            os.remove(tmp)
 
 
 def decode(url: str, raw: bytes, samples: int, size: Optional[int]) -> Tuple[Optional[np.ndarray], np.ndarray]:

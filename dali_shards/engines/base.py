@@ -22,19 +22,31 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def check_engine(name: str, processes: Optional[int] = None, address: Optional[str] = None) -> None:
+    """A ConfigError for an unknown engine, options of another engine, or Ray not installed
+    (before any work is done; nothing is started)."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}: choose from {', '.join(ENGINES)}")
+    if name == "local" and address is not None:
+        raise ConfigError("a Ray address was given with engine 'local': pass engine='ray' (--engine ray) too")
+    if name == "local" and processes is not None and processes < 1:
+        raise ConfigError(f"processes must be at least 1, got {processes}")
+    if name == "ray" and processes is not None:
+        raise ConfigError("processes (--processes) is for engine 'local'; Ray runs as many tasks as its CPUs allow")
+    if name == "ray":
+        from dali_shards.engines.ray_engine import import_ray
+
+        import_ray()
+
+
 def make_engine(name: str, processes: Optional[int] = None, address: Optional[str] = None) -> Engine:
     """The engine called ``name``: ``"local"`` (``processes`` processes, default all cores) or
     ``"ray"`` (the cluster at ``address``, else ``RAY_ADDRESS``, else a local Ray instance)."""
+    check_engine(name, processes, address)
     if name == "local":
-        if address is not None:
-            raise ConfigError("a Ray address was given with engine 'local': pass engine='ray' (--engine ray) too")
         from dali_shards.engines.local import LocalEngine
 
         return LocalEngine(processes)
-    if name == "ray":
-        if processes is not None:
-            raise ConfigError("processes (--processes) is for engine 'local'; Ray runs as many tasks as its CPUs allow")
-        from dali_shards.engines.ray_engine import RayEngine
+    from dali_shards.engines.ray_engine import RayEngine
 
-        return RayEngine(address)
-    raise ConfigError(f"unknown engine {name!r}: choose from {', '.join(ENGINES)}")
+    return RayEngine(address)

@@ -7,15 +7,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
-from dali_shards.errors import ConfigError, WorkerError
+from dali_shards.errors import WorkerError
 
 
 class LocalEngine:
     """Runs tasks in ``processes`` local processes (default: all cores; 1: in this process)."""
 
     def __init__(self, processes: Optional[int] = None) -> None:
-        if processes is not None and processes < 1:
-            raise ConfigError(f"processes must be at least 1, got {processes}")
         self.workers = processes or os.cpu_count() or 1
 
     def run(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> Iterator[Tuple[int, Any]]:

@@ -108,12 +108,13 @@ def index_shards(urls: Sequence[str], config: StorageOptions, *, no_idx: bool, t
     or in Ray tasks of a few shards each, ``threads`` threads in each (``engine="ray"``)."""
     from tqdm import tqdm
 
+    from dali_shards.engines.base import check_engine, make_engine
+
+    check_engine(engine, None, address)
     if engine == "local":
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
             return list(tqdm(pool.map(lambda u: index_one(u, config, no_idx), urls), total=len(urls),
                              disable=not progress, desc="indexing"))  # fmt: skip
-    from dali_shards.engines.base import make_engine
-
     runner = make_engine(engine, None, address)
     try:
         per = max(1, -(-len(urls) // (4 * runner.workers)))  # about 4 tasks per CPU

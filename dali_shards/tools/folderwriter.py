@@ -15,13 +15,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.engines.base import Engine, make_engine
+from dali_shards.engines.base import Engine, check_engine, make_engine
 from dali_shards.errors import ConfigError
 from dali_shards.io.filesystems import DEFAULT_STORAGE, is_remote
 from dali_shards.options import StorageOptions
 from dali_shards.tools import layout
 from dali_shards.tools.fragments import Spool, clean, kept_fragments
 from dali_shards.tools.inputs import BlocksInput, FilesInput, find_input
+from dali_shards.tools.raydata import RayReader
 from dali_shards.tools.remotefiles import input_size
 from dali_shards.tools.shardtask import PARTS, Target, WindowTask, run_task
 
@@ -81,11 +82,12 @@ def write_dataset(
     (default: one per shard; per window for blocks). Shards of an earlier run of the same job are
     kept (``reused``). See ``dali-shards write --help`` for the rest."""
     layout.check_options(pattern, max_count, max_size)
+    check_engine(engine, processes, ray_address)
     if tasks is not None and tasks < 1:
         raise ConfigError(f"tasks must be at least 1, got {tasks}")
     found = find_input(source, class_map=class_map, numeric=numeric_classes, columns=columns,
                        numbered_keys=numbered_keys, storage=storage)  # fmt: skip
-    if getattr(found, "reader", None).__class__.__name__ == "RayReader" and engine != "ray":
+    if isinstance(getattr(found, "reader", None), RayReader) and engine != "ray":
         raise ConfigError("a Ray Dataset as input needs engine='ray' (its blocks are in Ray's object store)")
     shards, groups = _plan(found, pattern, max_count, max_size, shuffle, seed, window, storage)
     folder = out_folder(pattern)
@@ -142,6 +144,8 @@ def _plan(found: Any, pattern: str, max_count: int, max_size: Optional[int], shu
     width = layout.key_width(sum(found.rows))
     recipe = layout.recipe_of(seed, shuffle, sorted(found.columns.items()), width, max_count)
     cut = layout.block_shards(windows, pattern, max_count, recipe)
+    if not cut:
+        raise ConfigError("the input holds no rows to write")
     by_window: Dict[int, List[Any]] = {}
     for s in cut:
         by_window.setdefault(s.window.index, []).append(s)

@@ -241,6 +241,10 @@ def test_bad_input_gives_the_same_errors_on_both_engines(engine, inputs, tmp_pat
     pq.write_table(pa.table({"image": [b"x"], "label": ["cat"]}), tmp_path / engine / "strings.parquet")
     code, err = write(tmp_path / engine / "strings.parquet")
     assert code == 2 and "label column 'label' holds string, not integers" in err
+    pq.write_table(pa.table({"image": pa.array([], pa.binary()), "label": pa.array([], pa.int64())}),
+                   tmp_path / engine / "empty.parquet")  # fmt: skip
+    code, err = write(tmp_path / engine / "empty.parquet")
+    assert code == 2 and "the input holds no rows to write" in err
     os.remove(tree / "cat" / "9.jpg")
     assert write(tree, "--max-count", "1")[0] == 0
     code, err = write(tree, "--max-count", "4")  # over shards of another write

@@ -64,5 +64,7 @@ def test_engine_options_that_do_not_fit_are_refused():
         make_engine("local", address="ray://x:10001")
     with pytest.raises(ConfigError, match="processes .* is for engine 'local'"):
         make_engine("ray", processes=2)
+    with pytest.raises(ConfigError, match="processes must be at least 1, got 0"):
+        make_engine("local", processes=0)
     with pytest.raises(ConfigError, match="needs a %-format"):
         layout.check_options("o/train.tar", 10, None)

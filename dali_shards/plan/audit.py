@@ -1,9 +1,9 @@
 """Checking an epoch: which samples every rank really received, against what the plan delivers.
 
 ``DALIShardedIterator(..., audit=True)`` records, per epoch, the ``__index__`` of every valid
-sample it returns and of every sample skipped with ``on_error="skip"``; at the epoch's end it
-gathers them from all ranks (under ``torch.distributed``) and reports duplicates, missing samples,
-skipped samples and steps per rank. ``summarize`` does the same for lists gathered any other way
+sample it returns and of every sample skipped with ``on_error="skip"`` (``EpochRecord``); at the
+epoch's end its run session gathers them from all ranks (under ``torch.distributed``) and reports
+duplicates, missing samples, skipped samples and steps per rank (``session/audit.py``). ``summarize`` does the same for lists gathered any other way
 (e.g. simulated ranks in one process). Shards counted short at the start because they are damaged
 (``on_error="skip"``) lose their samples after the damage in every epoch: the report lists them
 (``lost_shards``) and counts the samples known lost (``lost``: a lower bound, since those after a
@@ -13,7 +13,6 @@ shard's damage cannot be counted).
 from __future__ import annotations
 
 import itertools
-import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -127,16 +126,3 @@ def summarize(
     wrong = [report[k] for k in ("duplicates", "missing", "unexpected", "plan_missing", "plan_duplicates") if k in report]
     report["exactly_once"] = not any(wrong) and report["equal_steps"]
     return report
-
-
-def gather(record: EpochRecord) -> Optional[List]:
-    """Every rank's record under an initialized ``torch.distributed`` group (a collective call:
-    every rank must make it), else None."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    mine = record.as_tuple()
-    everyone: List = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (mine[0].tolist(), mine[1].tolist(), mine[2]))
-    return everyone

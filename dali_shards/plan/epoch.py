@@ -44,7 +44,7 @@ from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.emissions import Emissions
 from dali_shards.plan.reads import Reads
 from dali_shards.plan.mixture import MixSpec
-from dali_shards.plan.geometry import BatchLayout, check_positive
+from dali_shards.plan.geometry import BatchLayout, check_positive, shard_of
 from dali_shards.plan.random import TAG_BATCH_ORDER, permutation
 from dali_shards.plan.runs import Runs, chunk_order
 from dali_shards.plan.stratified import StratifiedParts
@@ -201,9 +201,7 @@ class EpochPlan(Reads, Emissions):
 
     def locate(self, positions: Sequence[int] | np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(shard, sample-in-shard) of positions (``__index__``)."""
-        pos = np.asarray(positions, dtype=np.int64)
-        shard = np.searchsorted(self.canonical_starts, pos, side="right") - 1
-        return shard, pos - self.canonical_starts[shard]
+        return shard_of(self.canonical_starts, positions)
 
     def canonical_index(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
         return np.asarray(positions, dtype=np.int64)

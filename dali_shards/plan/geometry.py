@@ -48,6 +48,13 @@ def valid_mask(valid_counts: Sequence[int], step: int, mini_batch: int) -> np.nd
     return np.concatenate([emitted < count for count in valid_counts])
 
 
+def shard_of(starts: np.ndarray, index: Sequence[int] | np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(shard, sample-in-shard) of ``__index__`` values, given each shard's first (``canonical_starts``)."""
+    pos = np.asarray(index, dtype=np.int64)
+    shard = np.searchsorted(starts, pos, side="right") - 1
+    return shard, pos - starts[shard]
+
+
 def virtual_worker(rank: int, worker: int, py_num_workers: int) -> int:
     """``rank * py_num_workers + worker``: a worker's place among all ranks' workers, the unit the
     plan shards over (the one place this is computed)."""

@@ -1,5 +1,6 @@
-"""The PyTorch adapter: ``DALIShardedIterator`` over a sharded pipeline (``iterator``), its outputs
-made fit for PyTorch (``outputs``), the cross-rank plan check (``plancheck``). Needs PyTorch: the
+"""The PyTorch adapter: ``DALIShardedIterator`` over a sharded pipeline (``iterator``: a run session,
+``dali_shards.session``, fed by DALI's PyTorch iterator), its outputs made fit for PyTorch
+(``outputs``), ``torch.distributed`` as the session's collectives (``ranks``). Needs PyTorch: the
 ``torch`` extra (``pip install 'dali-shards[torch]'``)."""
 
 try:

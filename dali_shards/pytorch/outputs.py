@@ -34,23 +34,7 @@ from dali_shards.errors import ConfigError, RaggedOutputError
 # unsigned types PyTorch's DALI plugin has no tensor type for, and the type that holds their values
 WIDENED = {types.DALIDataType.UINT16: np.int32, types.DALIDataType.UINT32: np.int64, types.DALIDataType.UINT64: np.int64}
 RAGGED = ("list", "pad")
-STATUS_OUTPUT = "__dali_shards_status__"  # the output the iterator adds (each place's index and status)
 SHAPE_SUFFIX = "_shape"
-
-
-def check_output_map(names: Sequence[str], outputs: int) -> None:
-    """A ConfigError unless ``names`` gives one distinct name to each of the pipeline's ``outputs``."""
-    if len(names) != outputs:
-        raise ConfigError(
-            f"output_map has {len(names)} name{'s' * (len(names) != 1)} ({list(names)}) but the pipeline "
-            f"function returns {outputs} output{'s' * (outputs != 1)}: give one name per returned output, in order"
-        )
-    repeated = sorted({n for n in names if list(names).count(n) > 1})
-    if repeated:
-        raise ConfigError(f"output_map names {repeated} more than once: each output needs its own name")
-    if STATUS_OUTPUT in names:
-        raise ConfigError(f"output_map may not use {STATUS_OUTPUT!r}: the iterator's own output has that name")
-
 
 
 def torch_ready(out: Any, name: str) -> Any:

@@ -17,7 +17,7 @@ name the shard, key and field, which ``on_error="skip"`` then skips and counts. 
 Not caught: damage inside a JPEG's entropy-coded data that keeps its end marker (bit flips,
 garbage in the middle), a frame of 0x0 pixels, and damage inside formats other than JPEG and PNG.
 Those fail in DALI's decoder; the iterator then finds the sample and names it or, under
-``on_error="skip"``, skips it (``pytorch/incidents.py``). Imports no DALI.
+``on_error="skip"``, skips it (``session/incidents.py``). Imports no DALI.
 """
 
 from __future__ import annotations

@@ -265,3 +265,20 @@ def test_one_bad_sample_in_an_epoch_of_one_step_is_skipped(make_shards, transfer
                              ["image", "cls"], audit=True)  # fmt: skip
     labels = sorted(int(c) for (b,) in it for c in b["cls"].view(-1).tolist())
     assert labels == [0, 2, 3] and it.audits[0]["exactly_once"] and it.audits[0]["skipped"] == [1]
+
+
+def test_a_state_loaded_after_a_skip_in_its_epoch_counts_that_epoch_from_the_state(make_shards):
+    """The epoch's plan held over a skip's rebuild is let go when a state is loaded: len(), the
+    batches and the audit count the epoch from the state (len() said the whole epoch before)."""
+    paths = shards(make_shards, (16,), {9: "zero"})
+    pipe = decoding(paths, batch_size=4, py_num_workers=1, shuffle=False, on_error="skip")
+    it = DALIShardedIterator(pipe(), ["image", "cls"], audit=True)
+    next(it)
+    state = it.state_dict()  # after step 0 of epoch 0
+    next(it), next(it)  # step 2 holds sample 9: skipped, the pipeline rebuilt inside the epoch
+    assert [s["index"] for inc in it.incidents for s in inc["samples"]] == [9]
+    it.load_state_dict(state)
+    assert (it.epoch, it.step, len(it)) == (0, 1, 3)
+    labels = [int(c) for b in it for c in b[0]["cls"].view(-1).tolist()]
+    assert labels == [i for i in range(4, 16) if i != 9]
+    assert [a["exactly_once"] for a in it.audits] == [True]

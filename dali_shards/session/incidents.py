@@ -1,5 +1,5 @@
-"""When a DALI operator fails on a step: which samples it failed on, and (``on_error="skip"``)
-going on without them.
+"""When a DALI operator fails on a step: which samples it failed on, named by shard, position
+and key, and the error that says so.
 
 DALI stops its pipeline on the first sample an operator cannot take (an image its decoder
 rejects, a crop window larger than the image, the user's ``fn.python_function`` raising) and
@@ -7,10 +7,15 @@ cannot replace it. We own the plan, so the step's samples are known: DALI's CPU 
 sample's place in the batch; otherwise the step's samples are read again in this process and run
 through the pipeline's own definition (``pipeline/probe.py``) until the ones it fails on alone are
 found. Under ``on_error="raise"`` that is one ``ShardFormatError`` naming the shard, the key and
-the operator. Under ``"skip"`` it is a ``SampleFailure`` the iterator catches: it adds the samples
-to the run's excluded ones (carried by its states), rebuilds the pipeline from the state at that
-step, and the workers read those samples as skipped -- their places padding marked invalid, as for
-any skipped sample, every other rank untouched.
+the operator. Under ``"skip"`` it is a ``SampleFailure`` the run session catches: it adds the
+samples to the run's excluded ones (carried by its states), rebuilds the pipeline from the state at
+that step, and the workers read those samples as skipped -- their places padding marked invalid, as
+for any skipped sample, every other rank untouched (``RunSession``).
+
+The structural check in the workers (``worker/imagecheck.py``) catches most damage first, as a
+skippable per-sample error; what it misses (a frame header of 0x0 or 65000x65000 pixels, damage
+inside the compressed data, a crop window larger than the image) fails in DALI. Imports no DALI
+but to re-run samples (``pipeline/probe.py``, when an incident needs it).
 """
 
 from __future__ import annotations
@@ -21,20 +26,25 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from dali_shards.decode_failure import FAILED_SAMPLE, key_at, locate, sample_error
-from dali_shards.errors import ShardFormatError, WorkerError
+from dali_shards.errors import ShardFormatError
+from dali_shards.io.storage import local_path, open_shard
+from dali_shards.plan.geometry import shard_of
 from dali_shards.plan.mode import Streaming
+from dali_shards.tar.format import TarReader
+from dali_shards.tar.header import printable
+from dali_shards.worker.imagecheck import IMAGE_EXTENSIONS
 from dali_shards.worker.reader import ShardReader, Skipped
 
 log = logging.getLogger(__name__)
 TAKEN_SEARCH = 1024  # samples tried for one DALI takes, where every sample of the failing steps failed
 
 _OPERATOR = re.compile(r"Error in (?:CPU|GPU|MIXED|Mixed|mixed) operator `([^`]+)`")
+FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")  # DALI's decoders name the batch place
 
 
 class SampleFailure(Exception):
     """DALI failed on ``samples`` (``[{"index", "shard", "key"}]``) at ``step`` of ``epoch``; raised
-    for the iterator to skip them (``on_error="skip"``). ``seconds`` says what finding them took;
+    for the run session to skip them (``on_error="skip"``). ``seconds`` says what finding them took;
     ``good``, a sample of the step DALI took (None if not known)."""
 
     def __init__(self, epoch: int, step: int, samples: List[Dict[str, Any]], operator: str, seconds: float,
@@ -84,7 +94,7 @@ def dali_failure(
     samples = [_described(info, plan, i) for i in bad]
     if info.on_error != "skip":
         first = samples[0]
-        return sample_error(info, first["shard"], first["position"], first["key"], operator, step, epoch, len(samples))
+        return sample_error(info, first, operator, step, epoch, len(samples))
     if known_good is None and good is None:  # no sample DALI takes known yet: one, to stand in
         good = _first_taken(info, plan, step, excluded | set(bad), operator, epoch)
     return SampleFailure(epoch, step, samples, operator, time.perf_counter() - started, good)
@@ -108,8 +118,14 @@ def _first_taken(info: Any, plan: Any, step: int, skip: set, operator: str, epoc
     )
 
 
+def locate(plan: Any, index: int) -> Tuple[int, int]:
+    """The shard and the position in it of the sample at canonical ``index``."""
+    shard, position = shard_of(plan.canonical_starts, [index])
+    return int(shard[0]), int(position[0])
+
+
 def _described(info: Any, plan: Any, index: int) -> Dict[str, Any]:
-    shard, position = locate(info, plan, index)
+    shard, position = locate(plan, index)
     url = info.shards[shard].url
     return {"index": index, "shard": url, "position": position, "key": key_at(url, position)}
 
@@ -127,7 +143,7 @@ def _probe(info: Any, plan: Any, indices: List[int]) -> Tuple[List[int], Optiona
     reader = ShardReader(config)
     samples: List[Tuple[int, Any]] = []
     for index in indices:
-        shard, position = locate(info, plan, index)
+        shard, position = locate(plan, index)
         try:
             item = reader.read_one(shard, position, index)
         except ShardFormatError:
@@ -135,33 +151,6 @@ def _probe(info: Any, plan: Any, indices: List[int]) -> Tuple[List[int], Optiona
         if not isinstance(item, Skipped):
             samples.append((index, item))
     return find_failing(info.probe(plain), samples)
-
-
-def skip(it: Any, failure: SampleFailure, at_step: Optional[int] = None) -> None:
-    """Go on without the samples of ``failure`` (``on_error="skip"``): iterator ``it``'s pipeline is
-    rebuilt from the state at the failing step (or ``at_step``), those samples excluded for the rest
-    of the run; this rank alone, in the same step. The incident goes into ``it.incidents``."""
-    started = time.perf_counter()
-    # the failure's frames hold the failed pipeline (and what DALI allocated for the sample, up to
-    # gigabytes for a decompression bomb): let it go before the new one starts its workers
-    failure.__traceback__ = failure.__cause__ = failure.__context__ = None
-    excluded = excluded_after(it.info.resolved, failure)
-    if len(excluded) == len(set(it.info.resolved.excluded)):  # the same samples again: nothing to gain
-        raise WorkerError(
-            f"dali_shards internal error: DALI failed again on samples already skipped ({failure.samples}); "
-            "please report it"
-        ) from failure
-    state: Dict[str, Any] = dict(it.info.state(failure.epoch, failure.step if at_step is None else at_step))
-    state["excluded"] = excluded
-    good = it._last_good if it._last_good is not None else failure.good
-    if good is not None:  # what the workers put in the skipped samples' places: a sample DALI took
-        state["stand_in"] = good
-    record, checked, held = it._record, it._plan_checked, it._held_plan
-    if held is None or held[0] != failure.epoch:  # len() and the audit go on counting the whole epoch
-        held = (failure.epoch, it.info.plan(failure.epoch))
-    it._rebuild(state)
-    it._record, it._plan_checked, it._held_plan = record, checked, held  # the epoch goes on
-    it.incidents.append(log_skips(failure, time.perf_counter() - started))
 
 
 def log_skips(failure: SampleFailure, rebuild_s: float) -> Dict[str, Any]:
@@ -184,3 +173,34 @@ def log_skips(failure: SampleFailure, rebuild_s: float) -> Dict[str, Any]:
 def excluded_after(resolved: Any, failure: SampleFailure) -> List[int]:
     """The run's excluded samples with the failure's added."""
     return sorted(set(resolved.excluded) | {int(s["index"]) for s in failure.samples})
+
+
+def sample_error(
+    info: Any, sample: Dict[str, Any], operator: str, step: int, epoch: int, count: int = 1
+) -> ShardFormatError:
+    """The error for ``on_error="raise"``: DALI's ``operator`` failed on ``sample`` (``_described``)."""
+    fields = [f.name for f in info.packing.byte_fields if IMAGE_EXTENSIONS.intersection(f.extensions)]
+    more = f" ({count - 1} more sample(s) of the step fail too)" if count > 1 else ""
+    return ShardFormatError(
+        sample["shard"],
+        f"DALI's {operator} failed on sample {sample['position']} of the shard (step {step} of epoch {epoch}){more}; "
+        f"if it is an image (field {' or '.join(repr(f) for f in fields) or 'none'}), it is damaged in a way "
+        f"the workers' image_check={info.options.image_check.value!r} does not catch (e.g. a frame header of "
+        "0x0 pixels, or damage inside its compressed data)",
+        key=sample["key"],
+        hint="on_error='skip' leaves such samples out and goes on (DALIShardedIterator); or remove or re-encode it",
+    )
+
+
+def key_at(url: str, position: int) -> Optional[str]:
+    """The key of sample ``position`` of a local shard, from its headers (None if unknown)."""
+    if local_path(url) is None:
+        return None
+    try:
+        with open_shard(url) as stream:
+            for pos, key, _, _ in TarReader(stream, url).scan():
+                if pos == position:
+                    return printable(key)
+    except Exception:  # noqa: BLE001 - only a better message was at stake
+        return None
+    return None

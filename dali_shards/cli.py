@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-idx", action="store_true", help="write only the manifest")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="scan here (threads) or in Ray tasks (pip install 'dali-shards[ray]'); the same manifest")
-    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else the one `ray start` "
+                   "began on this machine, else a new local Ray instance)")
     _add_scan_options(p)
     p = _shards_parser(sub, "inspect", cmd_inspect)
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -41,7 +41,8 @@ def check_engine(name: str, processes: Optional[int] = None, address: Optional[s
 
 def make_engine(name: str, processes: Optional[int] = None, address: Optional[str] = None) -> Engine:
     """The engine called ``name``: ``"local"`` (``processes`` processes, default all cores) or
-    ``"ray"`` (the cluster at ``address``, else ``RAY_ADDRESS``, else a local Ray instance)."""
+    ``"ray"`` (the cluster at ``address``, else ``RAY_ADDRESS``, else the one ``ray start`` began on
+    this machine, else a new local instance)."""
     check_engine(name, processes, address)
     if name == "local":
         from dali_shards.engines.local import LocalEngine

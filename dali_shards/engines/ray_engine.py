@@ -3,13 +3,16 @@ worker if its process dies. Ray is the optional extra ``dali-shards[ray]``."""
 
 from __future__ import annotations
 
+import itertools
 import os
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dali_shards.errors import ConfigError, WorkerError
 
 INSTALL = "pip install 'dali-shards[ray]'"
 RETRIES = 3  # a task whose process dies is run again this many times
+AHEAD = 4  # tasks submitted at once per CPU of the cluster
 
 
 def import_ray() -> Any:
@@ -22,9 +25,9 @@ def import_ray() -> Any:
 
 
 class RayEngine:
-    """Runs tasks as Ray tasks on the cluster at ``address`` (else ``RAY_ADDRESS``, else a local
-    instance started here and stopped by ``close()``); a Ray already initialised in this process
-    is used as it is."""
+    """Runs tasks as Ray tasks on the cluster at ``address`` (else ``RAY_ADDRESS``, else the one
+    ``ray start`` began on this machine, as ``ray.init()`` finds it, else a local instance started
+    here and stopped by ``close()``); a Ray already initialised in this process is used as it is."""
 
     def __init__(self, address: Optional[str] = None) -> None:
         self.ray = ray = import_ray()
@@ -35,23 +38,39 @@ class RayEngine:
                          configure_logging=False, log_to_driver=False)  # fmt: skip
             except ConnectionError as exc:
                 raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._asked = float("-inf")
+        self.workers = self._cpus()
 
     def run(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> Iterator[Tuple[int, Any]]:
-        """``(index, fn(task))`` for every task, as each completes on the cluster."""
+        """``(index, fn(task))`` for every task, as each completes on the cluster; at most
+        ``AHEAD`` tasks per CPU of the cluster (as it is now: it may grow) submitted at once, so
+        that the driver and the object store hold a few tasks' arguments, not the whole job's."""
         ray = self.ray
         remote = ray.remote(fn).options(max_retries=RETRIES, retry_exceptions=False)
-        refs = [remote.remote(task) for task in tasks]
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending: List[Any] = list(refs)
+        queued = iter(enumerate(tasks))
+        index: Dict[Any, int] = {}
+        pending: List[Any] = []
         try:
-            while pending:
+            while True:
+                for i, task in itertools.islice(queued, max(0, AHEAD * self._cpus() - len(pending))):
+                    pending.append(remote.remote(task))
+                    index[pending[-1]] = i
+                if not pending:
+                    return
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    yield index[ref], self._get(ref)
+                    yield index.pop(ref), self._get(ref)
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
+
+    def _cpus(self) -> int:
+        """The cluster's CPUs, asked again at most once a second."""
+        now = time.monotonic()
+        if now - self._asked >= 1.0:
+            self.workers = max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+            self._asked = now
+        return self.workers
 
     def _get(self, ref: Any) -> Any:
         ray = self.ray

@@ -81,10 +81,7 @@ def write_dataset(
     on ``engine`` ``"local"`` (``processes``) or ``"ray"`` (``ray_address``), in ``tasks`` tasks
     (default: one per shard; per window for blocks). Shards of an earlier run of the same job are
     kept (``reused``). See ``dali-shards write --help`` for the rest."""
-    layout.check_options(pattern, max_count, max_size)
-    check_engine(engine, processes, ray_address)
-    if tasks is not None and tasks < 1:
-        raise ConfigError(f"tasks must be at least 1, got {tasks}")
+    _check(pattern, max_count, max_size, engine, processes, ray_address, tasks)
     found = find_input(source, class_map=class_map, numeric=numeric_classes, columns=columns,
                        numbered_keys=numbered_keys, storage=storage)  # fmt: skip
     if isinstance(getattr(found, "reader", None), RayReader) and engine != "ray":
@@ -97,7 +94,7 @@ def write_dataset(
     if not is_remote(folder):
         os.makedirs(target.parts, exist_ok=True)
     work = _tasks(groups, kept, tasks, target, seed, shuffle, found)
-    spool = Spool([s.url for s in shards])
+    spool = Spool([s.url for s in shards], manifest or f"{folder}/{MANIFEST_NAME}")
     try:
         for number, fragment in kept.items():
             spool.add(number, fragment)
@@ -107,7 +104,7 @@ def write_dataset(
                 _run(runner, work, spool, sum(s.samples for s in shards), len(shards), len(kept), progress)
             finally:
                 runner.close()
-        result = _finish(found, spool, folder, manifest or f"{folder}/{MANIFEST_NAME}", len(kept), storage)
+        result = _finish(found, spool, folder, len(kept), storage)
     except BaseException:
         _left(folder, target.parts, created)
         raise
@@ -117,14 +114,23 @@ def write_dataset(
     return result
 
 
-def _finish(found: Any, spool: Spool, folder: str, path: str, kept: int, storage: StorageOptions) -> WriteResult:
+def _check(pattern: str, max_count: int, max_size: Optional[int], engine: str, processes: Optional[int],
+           address: Optional[str], tasks: Optional[int]) -> None:  # fmt: skip
+    """The options' ConfigErrors, before the input is read (and Ray's absence said)."""
+    layout.check_options(pattern, max_count, max_size)
+    check_engine(engine, processes, address)
+    if tasks is not None and tasks < 1:
+        raise ConfigError(f"tasks must be at least 1, got {tasks}")
+
+
+def _finish(found: Any, spool: Spool, folder: str, kept: int, storage: StorageOptions) -> WriteResult:
     """The class map, then the manifest (last): what the job wrote."""
-    result = WriteResult([], path, getattr(found, "class_map", None), kept, getattr(found, "renamed", []))
+    result = WriteResult([], spool.manifest, getattr(found, "class_map", None), kept, getattr(found, "renamed", []))
     if result.class_map is not None:
         from dali_shards.tools.imagefolder import save_class_map
 
         save_class_map(f"{folder}/classes.json", result.class_map, storage)
-    result.shards = spool.merge(path, storage)
+    result.shards = spool.merge(storage)
     return result
 
 

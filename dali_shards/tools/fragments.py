@@ -67,22 +67,24 @@ def kept_fragments(shards: Sequence[Any], parts: str, out_dir: str, storage: Sto
 
 class Spool:
     """The shards' entries (small, in memory) and sample-table records (in a local temporary
-    file), in any order; merged in shard order."""
+    file without a name, gone with the process however it ends), in any order; merged in shard
+    order into the manifest at ``manifest``."""
 
-    def __init__(self, urls: Sequence[str]):
+    def __init__(self, urls: Sequence[str], manifest: str):
         self.urls = list(urls)
+        self.manifest = manifest
         self.names = {u.rsplit("/", 1)[-1]: n for n, u in enumerate(self.urls)}  # a fragment names its shard
         self.entries: Dict[int, ShardInfo] = {}
         self._at: Dict[int, tuple] = {}
-        fd, self.path = tempfile.mkstemp(prefix="dali-shards-records-")
-        self._file = os.fdopen(fd, "w+b")
+        self._file = tempfile.TemporaryFile(prefix="dali-shards-records-")
 
     def add(self, number: int, fragment: Dict[str, Any]) -> ShardInfo:
+        """A shard's entry (its record in the table the merge writes) from its fragment."""
         record = base64.b64decode(fragment["record"])
         self._at[number] = (self._file.seek(0, os.SEEK_END), len(record))
         self._file.write(record)
         info = ShardInfo(self.urls[number], int(fragment["samples"]), int(fragment["bytes"]), fragment["ext_bytes"],
-                         table=self.path, table_spans=bool(fragment["spans"]))  # fmt: skip
+                         table=table_path(self.manifest), table_spans=bool(fragment["spans"]))  # fmt: skip
         self.entries[number] = info
         return info
 
@@ -93,19 +95,17 @@ class Spool:
             self._file.seek(at)
             yield self._file.read(size)
 
-    def merge(self, manifest: str, storage: StorageOptions) -> List[ShardInfo]:
+    def merge(self, storage: StorageOptions) -> List[ShardInfo]:
         """Write the manifest of every shard (all must be in) and its sample table; the entries."""
         missing = [n for n in range(len(self.urls)) if n not in self.entries]
         assert not missing, f"shards {missing[:5]} have no fragment"  # the engine ran every task
         infos = [self.entries[n] for n in range(len(self.urls))]
-        write_manifest(manifest, infos, storage, records=self.records())
+        write_manifest(self.manifest, infos, storage, records=self.records())
         starts = record_starts([i.samples for i in infos]).tolist()
-        return [dataclasses.replace(i, table=table_path(manifest), table_at=at) for i, at in zip(infos, starts)]
+        return [dataclasses.replace(i, table_at=at) for i, at in zip(infos, starts)]
 
     def close(self) -> None:
         self._file.close()
-        if os.path.exists(self.path):
-            os.remove(self.path)
 
 
 def clean(parts: str, out_dir: str, storage: StorageOptions) -> None:

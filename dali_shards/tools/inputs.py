@@ -97,7 +97,8 @@ def _parquet_files(source: str, storage: StorageOptions) -> List[str]:
 def _parquet_input(files: List[str], columns: Dict[str, str], numbered: bool, storage: StorageOptions) -> Any:
     data = parquet.load_parquet(files, columns, storage)
     if not data.paths:
-        return BlocksInput(parquet.ParquetReader(data), data.blocks, [b.rows for b in data.blocks], columns)
+        reader = parquet.ParquetReader(data.columns, data.storage)
+        return BlocksInput(reader, data.blocks, [b.rows for b in data.blocks], columns)
     image = next(e for e in columns if e not in ("cls", parquet.KEY) and parquet._image_column({e: ""}))
     found: List[SourceFile] = []
     keys: List[str] = []

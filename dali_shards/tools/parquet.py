@@ -131,14 +131,14 @@ def check_label_type(where: str, column: str, kind: Any) -> None:
                           "labels (.cls) must be integer class indices")  # fmt: skip
 
 
-def read_block(block: Block, data: ParquetInput) -> List[Dict[str, Any]]:
-    """The rows of one row group as {extension: value} (the columns of ``data.columns``)."""
-    names = list(dict.fromkeys(c for _, c in data.columns))
+def read_block(block: Block, columns: Sequence[Tuple[str, str]], storage: StorageOptions) -> List[Dict[str, Any]]:
+    """The rows of one row group as {extension: value} (``columns``: (extension, column))."""
+    names = list(dict.fromkeys(c for _, c in columns))
     try:
-        table = open_parquet(block.file, data.storage).read_row_group(block.group, columns=names)
+        table = open_parquet(block.file, storage).read_row_group(block.group, columns=names)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read row group {block.group} of Parquet file {block.file!r}: {exc}") from None
-    return rows_of(table.to_pydict(), data.columns, block.file)
+    return rows_of(table.to_pydict(), columns, block.file)
 
 
 def rows_of(values: Dict[str, list], columns: Sequence[Tuple[str, str]], where: str) -> List[Dict[str, Any]]:
@@ -183,9 +183,11 @@ def read_rows(data: ParquetInput) -> List[Tuple[str, List[Dict[str, Any]]]]:
 
 @dataclass(frozen=True)
 class ParquetReader:
-    """Reads a Parquet input's row groups in a task."""
+    """Reads a Parquet input's row groups in a task: what every task is sent, so it holds the
+    columns and storage options only, never the input's list of row groups."""
 
-    data: ParquetInput
+    columns: Tuple[Tuple[str, str], ...]
+    storage: StorageOptions = DEFAULT_STORAGE
 
     def read(self, block: Block) -> List[Dict[str, Any]]:
-        return read_block(block, self.data)
+        return read_block(block, self.columns, self.storage)

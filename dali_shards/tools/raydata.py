@@ -4,6 +4,7 @@ task that writes it straight from the object store (nothing passes through the d
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -42,16 +43,27 @@ def _num_rows(table: Any) -> Tuple[int, Any]:
     return table.num_rows, table.schema
 
 
+def _materialized(ds: Any) -> List[Any]:
+    """The Dataset's tables (object references), in its order; Ray Data's own progress bars and
+    logs of its execution held back (the job's one progress line counts its samples)."""
+    context = ds.context  # the Dataset's own (copied from the current one when it was made)
+    kept = context.execution_options.preserve_order, context.enable_progress_bars
+    context.execution_options.preserve_order, context.enable_progress_bars = True, False
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return list(ds.materialize().to_arrow_refs())
+    finally:
+        context.execution_options.preserve_order, context.enable_progress_bars = kept
+        logger.setLevel(level)
+
+
 def ray_dataset_blocks(ds: Any, columns: Dict[str, str]) -> Tuple["RayReader", List[Tuple[Piece, ...]], List[int]]:
     """The reader, blocks and row counts of a Ray Dataset (materialized in order), its columns checked."""
     import ray
 
-    context = ds.context  # the Dataset's own (copied from the current one when it was made)
-    kept, context.execution_options.preserve_order = context.execution_options.preserve_order, True
-    try:
-        refs = ds.materialize().to_arrow_refs()
-    finally:
-        context.execution_options.preserve_order = kept
+    refs = _materialized(ds)
     counted = ray.get([ray.remote(_num_rows).remote(ref) for ref in refs])
     names = [n for _, schema in counted for n in schema.names]
     for ext, column in columns.items():

@@ -9,7 +9,7 @@ import os
 import json
 import re
 import sys
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from dali_shards.tools.parquet import DEFAULT_COLUMNS
 
@@ -75,7 +75,8 @@ def add_write_command(sub: Any) -> None:
                    help="where the shards are written: local processes (default) or a Ray cluster (pip install "
                    "'dali-shards[ray]'); the same bytes either way")
     p.add_argument("--processes", type=int, default=None, help="parallel writers of --engine local (default: all cores)")
-    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else the one `ray start` "
+                   "began on this machine, else a new local Ray instance)")
     p.add_argument("--tasks", type=int, default=None,
                    help="tasks to split the job into (default: one per shard, one per window for Parquet); the same "
                    "bytes for any number")
@@ -100,12 +101,13 @@ def cmd_write(args: argparse.Namespace) -> int:
     from dali_shards.tools.folderwriter import out_folder, write_dataset
     from dali_shards.tools.imagefolder import load_class_map
 
+    storage = storage_options(args.storage_options)
     result = write_dataset(
         args.src, args.out_pattern, max_count=args.max_count, max_size=args.max_size, shuffle=args.shuffle,
         seed=args.seed, engine=args.engine, processes=args.processes, ray_address=args.ray_address, tasks=args.tasks,
         columns=args.columns, window=args.window, class_map=load_class_map(args.class_map) if args.class_map else None,
         numeric_classes=args.numeric_classes, numbered_keys=args.numbered_keys, manifest=args.manifest,
-        storage=storage_options(args.storage_options), progress=not args.quiet,
+        storage=storage, progress=not args.quiet,
     )  # fmt: skip
     if result.renamed:
         print(
@@ -115,8 +117,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     out_dir = out_folder(args.out_pattern)
-    if "://" not in out_dir:
-        warn_stale(args.out_pattern, out_dir, {os.path.abspath(i.url) for i in result.shards})
+    warn_stale(args.out_pattern, out_dir, [i.url for i in result.shards], storage)
     class_map = result.class_map
     print(
         f"wrote {result.samples} samples into {len(result.shards)} shards ({human_size(result.bytes)}"
@@ -143,13 +144,23 @@ def storage_options(text: Optional[str], foreign: bool = False) -> Any:
     return StorageOptions(storage_options=options, manifest_foreign_urls=foreign)
 
 
-def warn_stale(pattern: str, out_dir: str, written: set) -> None:
-    """Warn of shards matching ``pattern`` (and DALI index files) that this write did not write."""
-    indexes = {os.path.splitext(p)[0] for p in written}
-    stale = sorted(p for p in glob.glob(re.sub(r"%[-+ #0]*\d*d", "*", pattern)) if os.path.abspath(p) not in written)
-    stale += sorted(  # DALI index files of shards this run did not write
-        p for p in glob.glob(os.path.join(out_dir, "*.idx")) if os.path.splitext(os.path.abspath(p))[0] not in indexes
-    )
+def warn_stale(pattern: str, out_dir: str, urls: List[str], storage: Any) -> None:
+    """Warn of shards matching ``pattern`` (and, locally, DALI index files) that this write did not write."""
+    shards = re.sub(r"%[-+ #0]*\d*d", "*", pattern)
+    if "://" in out_dir:
+        from dali_shards.io.filesystems import filesystem
+
+        fs, inner = filesystem(shards, storage)
+        fs.invalidate_cache(inner.rsplit("/", 1)[0])  # what is there now
+        written = {filesystem(u, storage)[1] for u in urls}
+        stale = sorted(f"{shards.split('://', 1)[0]}://{p}" for p in fs.glob(inner) if p not in written)
+    else:
+        written = {os.path.abspath(u) for u in urls}
+        indexes = {os.path.splitext(p)[0] for p in written}
+        stale = sorted(p for p in glob.glob(shards) if os.path.abspath(p) not in written)
+        stale += sorted(  # DALI index files of shards this run did not write
+            p for p in glob.glob(os.path.join(out_dir, "*.idx")) if os.path.splitext(os.path.abspath(p))[0] not in indexes
+        )
     if stale:
         print(
             f"dali-shards write: warning: {len(stale)} files left from an earlier write (shards matching "

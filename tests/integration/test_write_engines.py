@@ -3,10 +3,13 @@ module) against local processes: the same bytes for trees, file lists and Parque
 number of processes or tasks; a task or the driver killed; remote inputs and outputs; bad input."""
 
 import glob
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -14,6 +17,7 @@ import pytest
 
 from dali_shards.cli import main
 from dali_shards.errors import ConfigError
+from dali_shards.options import StorageOptions
 from dali_shards.sample_data import sample_images
 from dali_shards.testing.servers import HTTPShardServer, S3Server
 from dali_shards.tools.folderwriter import write_dataset
@@ -26,9 +30,23 @@ PHOTOS = os.path.dirname(os.path.dirname(sample_images()[0].path))
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_instance():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    """One local Ray instance of 2 CPUs for the module (its start costs seconds), its files in a
+    temporary folder; after it, none of its processes or files are left."""
+    psutil = pytest.importorskip("psutil")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths live under it
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             _temp_dir=temp)  # fmt: skip
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]  # Ray's, workers too
+        ray.shutdown()
+        _, alive = psutil.wait_procs(started, timeout=30)
+        for p in alive:
+            p.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not alive, f"Ray's processes outlived ray.shutdown(): {[p.pid for p in alive]}"
 
 
 def files_of(folder):
@@ -177,7 +195,12 @@ def s3():
     server.stop()
 
 
-def test_inputs_and_shards_on_s3_then_the_loader_reads_each_sample_once(s3, tmp_path):
+def progress_lines(err):
+    """The progress bar's states in ``err`` (tqdm's carriage returns), and the lines it ended."""
+    return [s for s in err.replace("\n", "\r").split("\r") if s.strip()], err.count("\n")
+
+
+def test_inputs_and_shards_on_s3_then_the_loader_reads_each_sample_once(s3, tmp_path, capsys):
     from dali_shards.testing.pipelines import assert_exactly_once, epochs_by_rank, index_pipeline
 
     images = sample_images()
@@ -186,22 +209,55 @@ def test_inputs_and_shards_on_s3_then_the_loader_reads_each_sample_once(s3, tmp_
     for img in images:
         client.upload_file(img.path, "data", "tree/" + os.path.relpath(img.path, PHOTOS))
     options = s3.storage_options()
-    import json
-
-    args = ["write", "s3://data/tree", "s3://data/shards/s-%03d.tar", "--max-count", "10", "--quiet",
+    args = ["write", "s3://data/tree", "s3://data/shards/s-%03d.tar", "--max-count", "10",
             "--storage-options", json.dumps(options)]  # fmt: skip
+    capsys.readouterr()
     assert main(args + ["--engine", "ray"]) == 0
+    states, lines = progress_lines(capsys.readouterr().err)  # one progress line for the whole job
+    assert lines == 1 and all(s.startswith("writing shards:") for s in states), states
+    assert "47/47" in states[-1] and "5/5 shards (0 kept)" in states[-1] and "MB/s" in states[-1]
     assert main(["write", PHOTOS, str(tmp_path / "s-%03d.tar"), "--max-count", "10", "--quiet"]) == 0
     listed = client.list_objects_v2(Bucket="data", Prefix="shards/")["Contents"]
     assert sorted(o["Key"][len("shards/"):] for o in listed) == sorted(files_of(tmp_path))  # no fragments left
-    for name, data in files_of(tmp_path).items():  # the same bytes as from the local tree
-        got = client.get_object(Bucket="data", Key=f"shards/{name}")["Body"].read()
-        assert got == data if name != "manifest.json" else json.loads(got) == json.loads(data), name
+    assert_same_objects(client, "data", "shards/", files_of(tmp_path))  # the same bytes as from the local tree
     make = index_pipeline("s3://data/shards/manifest.json", batch_size=4, py_num_workers=2, world_size=2,
                           storage_options=options)
     seen, data, _, _ = epochs_by_rank(make, world=2, epochs=1)
     assert_exactly_once(seen, len(images))
     assert sorted(data.values()) == sorted(open(img.path, "rb").read() for img in images)
+
+
+def assert_same_objects(client, bucket, prefix, want):
+    """The objects under ``prefix`` of ``bucket`` hold ``want``'s bytes (manifests: the same JSON)."""
+    for name, data in want.items():
+        got = client.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
+        assert got == data if name != "manifest.json" else json.loads(got) == json.loads(data), name
+
+
+def test_parquet_on_s3_written_on_ray_is_the_local_write(s3, inputs, tmp_path, capsys):
+    client = s3.client()
+    client.create_bucket(Bucket="parquet")
+    for name in sorted(os.listdir(inputs["parquet"])):
+        client.upload_file(os.path.join(inputs["parquet"], name), "parquet", f"in/{name}")
+    want = tmp_path / "want"
+    write_dataset(inputs["parquet"], str(want / "s-%03d.tar"), max_count=6, seed=5, **OPTIONS["parquet"])
+    storage = StorageOptions(storage_options=s3.storage_options())
+    result = write_dataset("s3://parquet/in", "s3://parquet/out/s-%03d.tar", max_count=6, seed=5, engine="ray", tasks=3,
+                           storage=storage, **OPTIONS["parquet"])  # fmt: skip
+    assert result.samples == 47 and result.manifest == "s3://parquet/out/manifest.json"
+    listed = client.list_objects_v2(Bucket="parquet", Prefix="out/")["Contents"]
+    assert sorted(o["Key"][len("out/"):] for o in listed) == sorted(files_of(want))
+    assert_same_objects(client, "parquet", "out/", files_of(want))
+    capsys.readouterr()  # written again, in fewer shards: those left over are said, as for a local output
+    args = ["write", "s3://parquet/in", "s3://parquet/out/s-%03d.tar", "--max-count", "24", "--seed", "5", "--window", "12",
+            "--columns", OPTIONS["parquet"]["columns"], "--storage-options", json.dumps(s3.storage_options()),
+            "--engine", "ray", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    said = capsys.readouterr()
+    fewer = int(said.out.split(" into ")[1].split()[0])  # "wrote 47 samples into N shards"
+    assert 0 < fewer < len(result.shards)
+    assert f"{len(result.shards) - fewer} files left from an earlier write" in said.err, said.err
+    assert "e.g. s3://parquet/out/s-" in said.err
 
 
 @pytest.mark.parametrize("where", ("local", "http"))

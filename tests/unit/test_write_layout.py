@@ -68,3 +68,66 @@ def test_engine_options_that_do_not_fit_are_refused():
         make_engine("local", processes=0)
     with pytest.raises(ConfigError, match="needs a %-format"):
         layout.check_options("o/train.tar", 10, None)
+
+
+class _StandInRay:
+    """What RayEngine asks of Ray, in this process: tasks run when their result is asked for."""
+
+    class exceptions:
+        class RayTaskError(Exception):
+            def __init__(self, cause):
+                self.cause = cause
+
+        WorkerCrashedError = NodeDiedError = ObjectLostError = type("Lost", (Exception,), {})
+
+    def __init__(self, cpus):
+        self.cpus, self.submitted, self.peak, self.cancelled = cpus, set(), 0, []
+
+    def cluster_resources(self):
+        return {"CPU": self.cpus}
+
+    def remote(self, fn):
+        ray = self
+
+        class Remote:
+            def options(self, **_):
+                return self
+
+            def remote(self, task):
+                ref = (fn, task)
+                ray.submitted.add(ref)
+                ray.peak = max(ray.peak, len(ray.submitted))
+                return ref
+
+        return Remote()
+
+    def wait(self, pending, num_returns):
+        return pending[:num_returns], pending[num_returns:]
+
+    def get(self, ref):
+        self.submitted.discard(ref)
+        try:
+            return ref[0](ref[1])
+        except ConfigError as exc:
+            raise self.exceptions.RayTaskError(exc) from None
+
+    def cancel(self, ref, force):
+        self.cancelled.append(ref)
+
+
+def _square(x):
+    if x == 30:
+        raise ConfigError("task 30 is bad")
+    return x * x
+
+
+def test_the_ray_engine_submits_a_few_tasks_per_cpu_and_cancels_the_rest_on_an_error():
+    from dali_shards.engines.ray_engine import AHEAD, RayEngine
+
+    engine = object.__new__(RayEngine)
+    engine.ray, engine._started, engine._asked = _StandInRay(cpus=2), False, float("-inf")
+    assert sorted(engine.run(_square, range(25))) == [(i, i * i) for i in range(25)]
+    assert engine.ray.peak == AHEAD * 2  # never the whole job at once
+    with pytest.raises(ConfigError, match="task 30 is bad"):  # the task's own error, as it was
+        list(engine.run(_square, range(100)))
+    assert len(engine.ray.cancelled) == AHEAD * 2 - 1 and engine.ray.peak == AHEAD * 2

@@ -142,13 +142,15 @@ def main() -> None:
     except ImportError:
         print("litdata is not installed: its optimize is left out (pip install litdata)")
     names = list(runs)
+    load = os.getloadavg()[0]
     rounds = dict(zip(names, interleaved(names, args.rounds, lambda _, name: {"s": timed(runs[name])})))
     shutil.rmtree(env["DALI_SHARDS_BENCH_RAY_TMP"], ignore_errors=True)
     seconds = {name: statistics.median(r["s"] for r in rounds[name]) for name in names}
     rows = {name: {"seconds": round(s, 2), "samples_per_s": round(args.samples / s, 1), "mb_per_s": round(size / s / 1e6, 1),
                    "rounds_s": [round(r["s"], 2) for r in rounds[name]]} for name, s in seconds.items()}  # fmt: skip
     result = {"samples": args.samples, "bytes": size, "mean_sample_kb": round(size / args.samples / 1e3, 1),
-              "cpus": os.cpu_count(), "rounds": args.rounds, "runs": rows, "speed_ratios": ratios_of(seconds)}  # fmt: skip
+              "cpus": os.cpu_count(), "load_average": f"{load:.1f} to {os.getloadavg()[0]:.1f}", "rounds": args.rounds,
+              "runs": rows, "speed_ratios": ratios_of(seconds)}  # fmt: skip
     report(args, size, result)
 
 
@@ -165,7 +167,8 @@ def report(args: argparse.Namespace, size: int, result: Dict) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     json.dump(result, open(args.out + ".json", "w"), indent=1)
     open(args.out + ".md", "w").write(
-        f"# Preparing shards\n\n`python benchmarks/prepare.py --samples {args.samples}`: {what}; the median of "
+        f"# Preparing shards\n\n`python benchmarks/prepare.py --samples {args.samples} --rounds {args.rounds}`: {what}; "
+        f"load average {result['load_average']} (other jobs on the machine) over the runs; the median of "
         f"{args.rounds} interleaved rounds (every run once per round, odd rounds in reverse order), each run in a "
         "fresh process, timed from the call (a Ray cluster of that many CPUs started before, as a cluster is; "
         "LitData's `optimize` from the same point: before listing the files), the previous run's writes flushed "

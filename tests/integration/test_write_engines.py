@@ -5,11 +5,9 @@ number of processes or tasks; a task or the driver killed; remote inputs and out
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -26,27 +24,7 @@ ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 PHOTOS = os.path.dirname(os.path.dirname(sample_images()[0].path))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    """One local Ray instance of 2 CPUs for the module (its start costs seconds), its files in a
-    temporary folder; after it, none of its processes or files are left."""
-    psutil = pytest.importorskip("psutil")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths live under it
-    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
-             _temp_dir=temp)  # fmt: skip
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]  # Ray's, workers too
-        ray.shutdown()
-        _, alive = psutil.wait_procs(started, timeout=30)
-        for p in alive:
-            p.kill()
-        shutil.rmtree(temp, ignore_errors=True)
-    assert not alive, f"Ray's processes outlived ray.shutdown(): {[p.pid for p in alive]}"
+pytestmark = pytest.mark.usefixtures("ray_instance")  # one Ray instance for the module (tests/integration/conftest.py)
 
 
 def files_of(folder):
@@ -110,20 +88,29 @@ def test_a_task_killed_mid_shard_is_run_again_and_the_output_is_the_same(tmp_pat
         lst = slow_list(tmp_path, server)
         server.faults.rate = 150_000  # bytes/s: a shard takes about a second
         out = tmp_path / "out"
-        job = threading.Thread(target=lambda: write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5,
-                                                            engine="ray"))  # fmt: skip
-        job.start()
-        killed = None
-        deadline = time.monotonic() + 60
-        while killed is None and time.monotonic() < deadline:
-            for tmp in glob.glob(str(out / ".tmp*-s-*.tar")):
-                killed = int(os.path.basename(tmp)[4:].split("-")[0])  # the writing task's process
-                os.kill(killed, signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        job.join(120)
-        assert killed is not None and not job.is_alive()
+        killer, killed = kill_a_writer(out)
+        assert write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, engine="ray").samples == 47
+        killer.join(60)
+        assert killed  # a task's process, mid-shard: Ray ran the task again
     assert files_of(out) == files_of(tmp_path / "want")
+
+
+def kill_a_writer(out):
+    """A thread that SIGKILLs the first process seen writing a shard into ``out`` (named in its
+    temporary file), and the list it puts its pid in."""
+    killed = []
+
+    def kill():
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for tmp in glob.glob(str(out / ".tmp*-s-*.tar"))[:1]:
+                killed.append(int(os.path.basename(tmp)[4:].split("-")[0]))
+                os.kill(killed[0], signal.SIGKILL)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread, killed
 
 
 def test_a_local_writer_killed_is_a_clear_error_and_a_rerun_completes(tmp_path):
@@ -134,26 +121,13 @@ def test_a_local_writer_killed_is_a_clear_error_and_a_rerun_completes(tmp_path):
         lst = slow_list(tmp_path, server)
         server.faults.rate = 150_000
         out = tmp_path / "out"
-        failed = []
-
-        def job():
-            try:
-                write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2)
-            except WorkerError as exc:
-                failed.append(str(exc))
-
-        thread = threading.Thread(target=job)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not glob.glob(str(out / ".tmp*-s-*.tar")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        tmp = glob.glob(str(out / ".tmp*-s-*.tar"))[0]
-        os.kill(int(os.path.basename(tmp)[4:].split("-")[0]), signal.SIGKILL)
-        thread.join(120)
-        assert failed and "a writer process died" in failed[0] and "run the same command again" in failed[0]
+        killer, killed = kill_a_writer(out)
+        with pytest.raises(WorkerError, match="a writer process died .* run the same command again"):
+            write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2)
+        killer.join(60)
+        assert killed
         server.faults.rate = 0
-        result = write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2)
-        assert result.samples == 47
+        assert write_dataset(str(lst), str(out / "s-%03d.tar"), max_count=5, processes=2).samples == 47
     assert files_of(out) == files_of(tmp_path / "want")
 
 
@@ -182,8 +156,6 @@ def test_a_killed_driver_rerun_keeps_the_finished_shards(tmp_path, ray_instance,
         assert f"{reused} complete shards of an earlier run kept" in said and reused >= len(done)
         assert {name: os.stat(out / name).st_ino for name in done} == inodes  # kept, not written again
     assert files_of(out) == files_of(tmp_path / "want")
-
-
 
 
 @pytest.fixture(scope="module")
@@ -249,9 +221,9 @@ def test_parquet_on_s3_written_on_ray_is_the_local_write(s3, inputs, tmp_path, c
     assert sorted(o["Key"][len("out/"):] for o in listed) == sorted(files_of(want))
     assert_same_objects(client, "parquet", "out/", files_of(want))
     capsys.readouterr()  # written again, in fewer shards: those left over are said, as for a local output
-    args = ["write", "s3://parquet/in", "s3://parquet/out/s-%03d.tar", "--max-count", "24", "--seed", "5", "--window", "12",
-            "--columns", OPTIONS["parquet"]["columns"], "--storage-options", json.dumps(s3.storage_options()),
-            "--engine", "ray", "--quiet"]  # fmt: skip
+    args = ["write", "s3://parquet/in", "s3://parquet/out/s-%03d.tar", "--max-count", "24", "--seed", "5",
+            "--window", "12", "--columns", OPTIONS["parquet"]["columns"],
+            "--storage-options", json.dumps(s3.storage_options()), "--engine", "ray", "--quiet"]  # fmt: skip
     assert main(args) == 0
     said = capsys.readouterr()
     fewer = int(said.out.split(" into ")[1].split()[0])  # "wrote 47 samples into N shards"

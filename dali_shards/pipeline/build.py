@@ -55,9 +55,7 @@ def build_sharded_pipeline(
     settings = {**DALI_DEFAULTS, **pipeline_kwargs}
     transfer = transfer_for(options)
     transfer.check(settings)
-    control = ControlBlock.create(
-        options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
-    )
+    control = ControlBlock.create(options.py_num_workers, worker_timeout=options.worker_timeout)
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
     resolved = resolve(options, outputs, transfer).with_control(control.path)
     transfer.start(resolved.workers, resolved.sample_bytes, control, settings)

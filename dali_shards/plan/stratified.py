@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dali_shards.options import LastBatch
 from dali_shards.plan import geometry
 from dali_shards.plan.deal import Deal, block_sizes, interleave_order
 from dali_shards.plan.drawn import Drawn
@@ -112,7 +113,7 @@ class StratifiedParts:
     def _deal_of(self, i: int) -> Deal:
         spec, p = self.spec, self.strata.totals
         wanted = max(1, -(-spec.global_batch * int(p[i]) // max(1, int(p.sum()))))
-        return Deal(self.stream_units[i], spec.world_size, spec.batch_size, int(p[i]), spec.last_batch == "drop",
+        return Deal(self.stream_units[i], spec.world_size, spec.batch_size, int(p[i]), spec.last_batch is LastBatch.DROP,
                     spec.seed, self.epoch, wanted=wanted, salt=(i,))  # fmt: skip
 
     @cached_property

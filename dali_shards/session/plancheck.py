@@ -9,6 +9,7 @@ import json
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from dali_shards.errors import ConfigError
+from dali_shards.options import LastBatch
 from dali_shards.session.feed import Ranks
 
 
@@ -28,7 +29,7 @@ def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> 
     blob = json.dumps([plan_state, steps, layout], sort_keys=True, default=str).encode()
     fingerprint = int(hashlib.sha1(blob).hexdigest()[:15], 16)
     epoch = int(state.get("epoch", -1))
-    drop = int(spec.last_batch == "drop")
+    drop = int(spec.last_batch is LastBatch.DROP)
     return [fingerprint, rank, steps, int(spec.num_samples), len(spec.shard_sizes), epoch, *layout[:3], drop]
 
 

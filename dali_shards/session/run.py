@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError, WorkerError
+from dali_shards.options import OnError
 from dali_shards.plan.audit import EpochRecord
 from dali_shards.plan.mode import Streaming
 from dali_shards.session.audit import audit_epoch
@@ -94,7 +95,7 @@ class RunSession:
         if self.status:
             pipeline.set_outputs(*info.outputs, info.slot_status)
             names.append(STATUS_OUTPUT)
-        elif info.on_error == "skip" or self.audit:
+        elif info.on_error is OnError.SKIP or self.audit:
             raise ConfigError(
                 "DALIShardedIterator needs to build the pipeline itself (it adds an output to see skipped "
                 "samples and to audit): do not call pipe.build() before creating it"

@@ -48,7 +48,7 @@ class WorkerConfig:
     stage: Optional[SampleStage] = field(default=None, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     storage: StorageOptions = field(default_factory=StorageOptions)
-    start_epoch: int = 0
+    start_epoch: int = option_default("start_epoch")
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
     excluded: FrozenSet[int] = field(default=frozenset(), compare=False, repr=False)

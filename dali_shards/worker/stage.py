@@ -26,6 +26,7 @@ from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
 from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
 from dali_shards.fields import INDEX, KEY, VALID, FieldKind
+from dali_shards.options import option_default
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -42,7 +43,7 @@ class SampleStage:
         mapper: Optional[Portable] = None,
         decoders: Optional[Mapping[str, Optional[Portable]]] = None,
         bucket_by: Optional[Portable] = None,
-        seed: int = 0,
+        seed: int = option_default("seed"),
     ):
         self.codec = codec
         self._packing = packing

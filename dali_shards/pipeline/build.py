@@ -18,9 +18,9 @@ from dali_shards.setup.first_sample import check_graph_call, output_names
 from dali_shards.setup.resolve import Resolved, resolve
 from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.fields import KEY, FieldKind
-from dali_shards.shm.packed import FieldSpec
+from dali_shards.ipc.packed import FieldSpec
 from dali_shards.transfer.base import Handover
 from dali_shards.transfer.choice import transfer_for
 from dali_shards.device import default_device_id

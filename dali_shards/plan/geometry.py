@@ -109,7 +109,7 @@ class BatchLayout:
         return self.world_size * self.batch_size
 
 
-class Segment(NamedTuple):
+class Stretch(NamedTuple):
     """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
     first of them is at ``position`` in the epoch's sample sequence."""
 

@@ -19,7 +19,7 @@ _SUMMARY = ("plan", "rank", "steps", "samples", "shards", "epoch", "world_size",
 _NAMES = ("names", "name_set")  # shard names do not change a plan: ranks may read copies named apart
 
 
-def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
+def plan_fingerprint(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
     """What every rank must agree on before its first batch, as integers (see ``_SUMMARY``): a
     fingerprint of the iterator's ``state_dict()``, its ``len()`` and the batch layout, then a few
     readable figures and the rank."""
@@ -37,7 +37,7 @@ def check_same_plan(
     ranks: Ranks, world_size: int, summary: Callable[[], List[int]], device_id: Optional[int] = None
 ) -> None:
     """In a process group (``ranks``) of ``world_size`` ranks, gather every rank's
-    :func:`plan_summary` (one all-gather of a few integers, on GPU ``device_id`` where the group
+    :func:`plan_fingerprint` (one all-gather of a few integers, on GPU ``device_id`` where the group
     needs one: every rank must call it) and raise a ``ConfigError`` on every rank unless all planned
     the same epoch, with distinct ranks. Does nothing without such a group (e.g. for a pipeline of
     world size 1 used on one rank only)."""

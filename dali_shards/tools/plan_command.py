@@ -13,7 +13,7 @@ from dali_shards.options import Batching, LastBatch, ShardedOptions, StorageOpti
 from dali_shards.stream import Stream
 from dali_shards.setup.mixing import resolve_shards
 from dali_shards.setup.planspec import plan_specs
-from dali_shards.tools.plan_report import plan_summary, streaming_summary
+from dali_shards.tools.plan_report import plan_report, streaming_report
 
 _STREAM = re.compile(r"^(proportion|repeat|choose)=([^:]+):(.+)$")
 
@@ -91,8 +91,8 @@ def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
     shards, mix = resolve_shards(options)
     spec, streaming = plan_specs(options, shards, args.world_size, mix)
     if streaming is not None:
-        return _print_streaming(streaming_summary(streaming, shards, args.epoch), args.json)
-    summary = plan_summary(spec, shards, args.epoch, [s.source for s in args.stream or ()])
+        return _print_streaming(streaming_report(streaming, shards, args.epoch), args.json)
+    summary = plan_report(spec, shards, args.epoch, [s.source for s in args.stream or ()])
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0

@@ -21,7 +21,7 @@ def _names(shards: Sequence[ShardInfo]) -> List[str]:
     return names
 
 
-def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int, sources: Sequence[Any] = ()) -> Dict[str, Any]:
+def plan_report(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int, sources: Sequence[Any] = ()) -> Dict[str, Any]:
     """Per rank and worker, the samples, padding and shard reads of ``epoch``; and the totals; for a
     mix (``sources``: its streams' sources), each stream's draws, overall and per worker."""
     plan = spec.epoch(epoch)
@@ -83,7 +83,7 @@ def plan_summary(spec: PlanSpec, shards: Sequence[ShardInfo], epoch: int, source
     return summary
 
 
-def streaming_summary(spec: StreamingSpec, shards: Sequence[ShardInfo], epoch: int) -> Dict[str, Any]:
+def streaming_report(spec: StreamingSpec, shards: Sequence[ShardInfo], epoch: int) -> Dict[str, Any]:
     """The streaming mode's plan of ``epoch``: per rank and worker, the shards it streams, in the
     order of its first pass over them when the run starts (or resumes) at ``epoch`` (a worker's
     stream then goes on pass after pass, each in a new order when shuffling, across the epochs)."""

@@ -13,7 +13,7 @@ from dali_shards.options import OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.mode import Mode, Planned
 from dali_shards.plan.streaming import StreamingSpec
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 

@@ -15,65 +15,16 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from dali_shards.choices import (  # noqa: F401  (re-exported: the options' enums are imported from here)
+    Batching, ImageCheck, LastBatch, OnError, StaleManifest, Transfer, enum_option,
+)
 from dali_shards.errors import ConfigError
-from dali_shards.fields import StrEnum, check_decoders, check_fields
+from dali_shards.fields import check_decoders, check_fields
 from dali_shards.stream import Stream
 
-E = TypeVar("E", bound=Enum)
 MAX_EPOCH = (1 << 31) - 2  # the last epoch a pipeline can start or resume at (the control block's cut word)
-
-class LastBatch(StrEnum):
-    """What happens to the samples that do not fill a last global batch."""
-
-    PAD = "pad"  # every sample once; the last batch padded, padding flagged by __valid__
-    DROP = "drop"  # only whole global batches; the rest of the epoch is left out
-
-
-class OnError(StrEnum):
-    """What a bad sample or shard does."""
-
-    RAISE = "raise"  # stop with a ShardError naming it
-    SKIP = "skip"  # log and count it, put a flagged stand-in in its slot, go on
-
-
-class StaleManifest(StrEnum):
-    """What a local shard whose size differs from its manifest entry does."""
-
-    RAISE = "raise"  # refuse it with a ShardFormatError
-    RESCAN = "rescan"  # count it again from its headers
-
-
-class Transfer(StrEnum):
-    """How the workers' samples reach DALI (see ``dali_shards.transfer``)."""
-
-    RING = "ring"  # the library's worker processes, a shared-memory ring each, one external source
-    MERGE = "merge"  # DALI's worker pool, a parallel external source per worker, merged by conditionals
-
-
-class Batching(StrEnum):
-    """How a mix's global batches are formed."""
-
-    RANDOM = "random"  # all streams shuffled together: each batch a random draw of the epoch
-    STRATIFIED = "stratified"  # each stream's share in every global batch
-
-
-class ImageCheck(StrEnum):
-    """How much of each image a worker checks before it enters a batch."""
-
-    STRUCTURE = "structure"  # JPEG marker walk up to EOI, PNG chunks and CRCs
-    SIGNATURE = "signature"  # only the first bytes
-    OFF = "off"
-
-
-def enum_option(cls: Type[E], name: str, value: Any) -> E:
-    """``value`` as option ``name``'s enum member (its string or the member), or a ConfigError listing the choices."""
-    try:
-        return cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in cls)
-        raise ConfigError(f"{name} must be one of {allowed}, got {value!r}") from None
 
 
 def _is_int(value: Any) -> bool:

@@ -1,0 +1,116 @@
+"""The global batch of a JAX program: each process's batch (one rank's, from its pipeline) placed on
+its own devices and assembled into one ``jax.Array`` per output with ``sharding`` (a
+``NamedSharding`` over a ``Mesh`` of every process's devices; the batch along the first axis of its
+``PartitionSpec``), with ``jax.make_array_from_process_local_data``. The checks that a sharding fits
+the processes, their devices and the batch, each a ``ConfigError`` saying what to do. No DALI."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dali_shards.errors import ConfigError
+
+
+def default_sharding() -> NamedSharding:
+    """The batch split over every device of every process (data parallelism): a one-axis
+    ``Mesh("data")`` of ``jax.devices()`` and ``PartitionSpec("data")``."""
+    return NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+
+
+def batch_axes(spec: PartitionSpec) -> Tuple[str, ...]:
+    """The mesh axes the batch (an array's first axis) is split over."""
+    first = spec[0] if len(spec) else None
+    if first is None:
+        return ()
+    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+
+class GlobalBatch:
+    """How a rank's batch of ``batch_size`` samples becomes its part of the global batch of
+    ``batch_size * world_size`` under ``sharding``; refuses (``ConfigError``) a sharding that is not
+    a ``NamedSharding``, a pipeline made for another rank or world than this JAX process's, a mesh
+    that is not over the processes' devices, and a batch the mesh cannot split into a part per
+    process of ``batch_size`` rows."""
+
+    def __init__(self, sharding: Optional[Any], batch_size: int, world_size: int, rank: int) -> None:
+        if sharding is None:
+            sharding = default_sharding()
+        if not isinstance(sharding, NamedSharding):
+            raise ConfigError(
+                f"sharding must be a jax.sharding.NamedSharding over a Mesh, got {type(sharding).__name__}: e.g. "
+                "NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data')) (the default)"
+            )
+        processes, index = jax.process_count(), jax.process_index()
+        if (world_size, rank) != (processes, index):
+            raise ConfigError(
+                f"the pipeline was made for rank {rank} of world_size {world_size}, but this is JAX process {index} of "
+                f"{processes}: one pipeline per JAX process, made after jax.distributed.initialize() (its rank and "
+                "world size then come from JAX), or with rank=jax.process_index(), world_size=jax.process_count()"
+            )
+        self.sharding, self.batch_size, self.world_size = sharding, batch_size, world_size
+        self.rows = batch_size * world_size
+        _check_mesh(sharding.mesh.devices, processes)
+        _check_split(sharding, self.rows, batch_size, processes)
+        self._by_ndim: Dict[int, NamedSharding] = {}
+
+    def sharding_for(self, ndim: int) -> NamedSharding:
+        """The sharding of an output of ``ndim`` axes: the one given, or for an output of fewer axes
+        than its ``PartitionSpec`` names (labels, the mask), the batch axis alone."""
+        found = self._by_ndim.get(ndim)
+        if found is None:
+            spec = self.sharding.spec
+            if ndim < len(spec):
+                spec = PartitionSpec(spec[0])
+            found = self._by_ndim[ndim] = NamedSharding(self.sharding.mesh, spec)
+        return found
+
+    def assemble(self, local: Mapping[str, Any]) -> Dict[str, jax.Array]:
+        """Each of this process's outputs (NumPy or JAX arrays of ``batch_size`` rows) as its part of
+        the global array of ``batch_size * world_size`` rows."""
+        out = {}
+        for name, value in local.items():
+            shape = (self.rows, *value.shape[1:])
+            out[name] = jax.make_array_from_process_local_data(self.sharding_for(value.ndim), value, shape)
+        return out
+
+
+def _check_mesh(devices: Any, processes: int) -> None:
+    owners = sorted({int(d.process_index) for d in np.asarray(devices).flat})
+    if owners != list(range(processes)):
+        raise ConfigError(
+            f"the sharding's mesh holds devices of JAX processes {owners}, but every one of the {processes} processes "
+            "feeds its part of the batch: build the mesh over jax.devices() (every process's devices), not "
+            "jax.local_devices() or a subset"
+        )
+
+
+def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes: int) -> None:
+    axes = batch_axes(sharding.spec)
+    parts = int(np.prod([sharding.mesh.shape[a] for a in axes])) if axes else 1
+    if rows % parts:
+        raise ConfigError(
+            f"the global batch of {rows} samples ({processes} process(es) x batch_size {batch_size}) cannot be split "
+            f"into the {parts} parts the mesh axes {list(axes)} make: choose a batch_size whose total over the "
+            f"processes is a multiple of {parts}"
+        )
+    held: Dict[int, Set[int]] = {}
+    for device, index in sharding.devices_indices_map((rows,)).items():
+        process: int = getattr(device, "process_index")  # (JAX's stubs leave Device's attributes out)
+        held.setdefault(process, set()).update(range(rows)[index[0]])
+    counts = {p: len(r) for p, r in sorted(held.items())}
+    if any(n != batch_size for n in counts.values()) or sum(counts.values()) != rows:
+        raise ConfigError(
+            f"under this sharding the processes hold {_described(counts)} of the {rows} rows of the global batch, but "
+            f"each process's pipeline delivers {batch_size} distinct samples: split the batch axis (the first entry of "
+            "the PartitionSpec) over mesh axes that separate the processes, e.g. a mesh over jax.devices() with "
+            "PartitionSpec('data')"
+        )
+
+
+def _described(counts: Mapping[int, int]) -> str:
+    parts: List[str] = [f"process {p}: {n}" for p, n in counts.items()]
+    return "(" + ", ".join(parts) + ")"

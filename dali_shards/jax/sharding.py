@@ -99,8 +99,7 @@ def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes:
         )
     held: Dict[int, Set[int]] = {}
     for device, index in sharding.devices_indices_map((rows,)).items():
-        process: int = getattr(device, "process_index")  # (JAX's stubs leave Device's attributes out)
-        held.setdefault(process, set()).update(range(rows)[index[0]])
+        held.setdefault(_process_of(device), set()).update(range(rows)[index[0]])
     counts = {p: len(r) for p, r in sorted(held.items())}
     if any(n != batch_size for n in counts.values()) or sum(counts.values()) != rows:
         raise ConfigError(
@@ -109,6 +108,11 @@ def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes:
             "the PartitionSpec) over mesh axes that separate the processes, e.g. a mesh over jax.devices() with "
             "PartitionSpec('data')"
         )
+
+
+def _process_of(device: Any) -> int:
+    """The JAX process a device belongs to."""
+    return int(device.process_index)
 
 
 def _described(counts: Mapping[int, int]) -> str:

@@ -11,7 +11,7 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
   ``io/positioned.py``, ``worker/located.py``);
 - check: the image check (``worker/imagecheck.py``);
 - pack: fields to a packed sample (``shm/packing.py`` but the table, ``shm/packed.py``,
-  ``worker/stage.py``, ``worker/decoders.py``, ``worker/outputs.py``);
+  ``worker/codec.py``, ``worker/stage.py``, ``worker/decoders.py``, ``worker/outputs.py``);
 - hand-over: the mini-batch's table written into the slot (``Packing.table_array``);
 - plan and order: everything else (the worker source, the reading loop, NumPy and Python built-ins
   called from the stages above).
@@ -45,7 +45,8 @@ STAGES = ("read", "parse", "check", "pack", "hand-over", "plan and order")
 _READS = ("preadv", "pread", "'read' of", "'readinto' of")
 _PARSE = ("tar/format.py", "tar/header.py", "tar/spans.py", "tar/members.py", "io/positioned.py", "tar/blocks.py",
           "worker/located.py")  # fmt: skip
-_PACK = ("shm/packing.py", "shm/packed.py", "worker/stage.py", "worker/decoders.py", "worker/outputs.py")
+_PACK = ("shm/packing.py", "shm/packed.py", "worker/codec.py", "worker/stage.py", "worker/decoders.py",
+         "worker/outputs.py")
 
 
 def stage_of(filename: str, function: str) -> str:

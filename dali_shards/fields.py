@@ -1,10 +1,13 @@
 """Field names: what a requested field is (its kind and the member extensions that may provide it),
-the special fields, and the check of the ``decoders`` option. The options layer checks ``fields``
-with it; the worker's layout builds on it. Imports nothing of the package but its errors.
+the special fields, the check of the ``decoders`` option, and what a ``map``'s output is
+(``OutputSpec``) with the dtypes an array may travel as. The options layer checks ``fields`` with
+it; the slot format (``shm/``) and the worker's codec (``worker/``) build on it. Imports nothing of
+the package but its errors.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
@@ -22,7 +25,7 @@ except ImportError:  # Python 3.10
 
 
 class FieldKind(StrEnum):
-    """What travels in a field's header slots (see ``shm/packing.py``)."""
+    """What travels in a field's header columns (see ``shm/packing.py``)."""
 
     PAYLOAD = "payload"  # the large byte field (or array) of the table layout, in a slot of its own
     BYTES = "bytes"  # a member's bytes: offset and length
@@ -81,3 +84,40 @@ def check_decoders(decoders: Optional[Mapping[str, Union[str, Decoder]]], fields
         else:
             raise ConfigError(f"decoders[{name!r}] must be a callable (bytes -> value) or 'bytes', got {decoder!r}")
     return out
+
+
+# the dtypes an array travels as (DALI's types): the one list, which the transfers use too
+DALI_DTYPES = frozenset(
+    {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
+)
+CARRIED = ", ".join(sorted(DALI_DTYPES))  # the dtypes an array travels as, for messages
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output of ``map``: its name, kind (``int``, ``bytes`` or ``array``; ``special`` for
+    ``__key__``, ``__index__``, ``__valid__``, ``__stream__``), NumPy dtype name and number of
+    dimensions."""
+
+    name: str
+    kind: str
+    dtype: str = "uint8"
+    ndim: int = 1
+
+    def describe(self) -> str:
+        if self.kind == FieldKind.INT:
+            return "a Python int"
+        if self.kind == FieldKind.BYTES:
+            return "bytes"
+        return f"a {self.dtype} array with {self.ndim} dimension{'s' if self.ndim != 1 else ''}"
+
+    def info(self) -> FieldInfo:
+        """(name, kind, no extensions): the output as a field that travels."""
+        return self.name, SPECIAL_KINDS.get(self.name) or FieldKind(self.kind), ()
+
+
+def check_carried_type(name: str, dtype: str) -> None:
+    """A ConfigError unless an array of ``dtype`` can go to DALI (the first sample's checks make
+    sure it can: this guards the transfers, which take only those)."""
+    if dtype not in DALI_DTYPES:
+        raise ConfigError(f"field {name!r} would travel as a {dtype} array, which DALI cannot carry (only {CARRIED})")

@@ -1,17 +1,17 @@
-"""From a resolved pipeline to a DALI one: the transfer's inputs (``dali_shards.transfer``), the
-user's graph function, the pipeline and its supervision."""
+"""From the options to a DALI pipeline: the transfer (``dali_shards.transfer``: made once, then
+asked), the resolved workers, the transfer's inputs, the user's graph function, the pipeline and its
+supervision."""
 
 from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 from nvidia.dali.pipeline import Pipeline
 
-from dali_shards.errors import ConfigError
-from dali_shards.options import ShardedOptions, Transfer
+from dali_shards.options import ShardedOptions
 from dali_shards.pipeline.conditionals import define_pipeline
 from dali_shards.setup.info import ShardedPipelineInfo
 from dali_shards.setup.first_sample import check_graph_call, output_names
@@ -21,14 +21,16 @@ from dali_shards.plan.random import MASK64
 from dali_shards.shm.control import ControlBlock
 from dali_shards.fields import KEY, FieldKind
 from dali_shards.shm.packed import FieldSpec
-from dali_shards.transfer.merge.transfer import MergeTransfer
-from dali_shards.transfer.ring.transfer import RingTransfer
-from dali_shards.device import check_start_method, default_device_id
+from dali_shards.transfer.base import Handover
+from dali_shards.transfer.choice import transfer_for
+from dali_shards.device import default_device_id
 from dali_shards.pipeline.probe import Probe
 
 _TAG_PIPELINE_SEED = 0x4155_4720
 DEFAULT_NUM_THREADS = max(1, min(4, os.cpu_count() or 1))  # DALI's CPU threads when num_threads is not given
-DALI_QUEUE_DEPTH = inspect.signature(Pipeline.__init__).parameters["prefetch_queue_depth"].default  # DALI's own default
+# what a transfer reads of the pipeline's DALI keywords, DALI's own defaults where not given
+DALI_DEFAULTS = {name: inspect.signature(Pipeline.__init__).parameters[name].default
+                 for name in ("prefetch_queue_depth", "py_start_method", "exec_pipelined")}  # fmt: skip
 
 
 def pipeline_seed(seed: int, rank: int, epoch: int = 0, step: int = 0) -> int:
@@ -50,18 +52,15 @@ def build_sharded_pipeline(
     fn_kwargs = dict(fn_kwargs or {})
     if options.map is None:  # (with one, the map's outputs are named after the function's parameters)
         check_graph_call(func, options.fields, fn_args, fn_kwargs)
-    start_method = pipeline_kwargs.get("py_start_method", "fork")
-    if options.transfer is Transfer.MERGE:  # DALI's pool cannot fork once CUDA is initialised; our workers can
-        check_start_method(start_method)
-        check_merge_queue(pipeline_kwargs.get("prefetch_queue_depth"))
-        check_merge_executor(pipeline_kwargs)
+    settings = {**DALI_DEFAULTS, **pipeline_kwargs}
+    transfer = transfer_for(options)
+    transfer.check(settings)
     control = ControlBlock.create(
         options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
     )
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
-    resolved = resolve(options, outputs).with_control(control.path)
-    queue = pipeline_kwargs.get("prefetch_queue_depth", DALI_QUEUE_DEPTH)
-    transfer = make_transfer(resolved, start_method, control, queue)
+    resolved = resolve(options, outputs, transfer).with_control(control.path)
+    transfer.start(resolved.workers, resolved.sample_bytes, control, settings)
     captured: Dict[str, Any] = {}
 
     def graph():
@@ -74,17 +73,7 @@ def build_sharded_pipeline(
         captured["varying_outputs"] = varying_positions(captured["outputs"], fields, resolved.packing.fields)
         return result
 
-    kwargs: Dict[str, Any] = {
-        "batch_size": options.batch_size,
-        "seed": pipeline_seed(options.seed, resolved.rank, resolved.start_epoch, resolved.steps_before),
-    }
-    if options.transfer is Transfer.MERGE:
-        kwargs["py_num_workers"] = options.py_num_workers
-    if "device_id" not in pipeline_kwargs:
-        kwargs["device_id"] = default_device_id()
-    if pipeline_kwargs.get("num_threads") is None:  # DALI has no default: it would fail when built
-        kwargs["num_threads"] = DEFAULT_NUM_THREADS
-    kwargs.update(pipeline_kwargs)
+    kwargs = dali_keywords(options, resolved, transfer, pipeline_kwargs)
     pipe = define_pipeline(graph, kwargs)
     transfer.attach(pipe)  # its workers start when the pipeline is built
     supervise(pipe, control)  # the control block goes with the pipeline; SIGTERM acts as Ctrl-C
@@ -107,28 +96,21 @@ def build_sharded_pipeline(
     return pipe
 
 
-def check_merge_queue(depth: Any) -> None:
-    """A ConfigError unless DALI's worker pool can take ``prefetch_queue_depth`` (one int)."""
-    if depth is None or (isinstance(depth, (int, np.integer)) and not isinstance(depth, bool) and depth >= 1):
-        return
-    raise ConfigError(
-        f"prefetch_queue_depth={depth!r} with transfer='merge': DALI's worker pool takes one positive "
-        "integer (separate CPU and GPU queues are not supported with parallel external sources); give an "
-        "integer, or use transfer='ring', which takes both"
-    )
-
-
-def check_merge_executor(pipeline_kwargs: Dict[str, Any]) -> None:
-    """A ConfigError where DALI's parallel external sources would never be given a task: they are
-    first scheduled when a pipelined pipeline prefetches (``exec_pipelined=False``: never)."""
-    if pipeline_kwargs.get("exec_pipelined", True):
-        return
-    given = ", ".join(f"{k}={pipeline_kwargs[k]!r}" for k in ("exec_async", "exec_pipelined") if k in pipeline_kwargs)
-    raise ConfigError(
-        f"{given} with transfer='merge': DALI schedules its parallel external sources (the merge's workers) "
-        "only in a pipelined executor, so the first step would fail in DALI ('No task has been scheduled'); "
-        "leave exec_pipelined at True, or use transfer='ring', which runs under either executor"
-    )
+def dali_keywords(options: ShardedOptions, resolved: Resolved, transfer: Handover,
+                  pipeline_kwargs: Mapping[str, Any]) -> Dict[str, Any]:  # fmt: skip
+    """The keywords of DALI's ``Pipeline``: the batch, the seed, those the transfer needs, a device
+    and CPU threads where not given; the user's ``pipeline_kwargs`` over them."""
+    kwargs: Dict[str, Any] = {
+        "batch_size": options.batch_size,
+        "seed": pipeline_seed(options.seed, resolved.rank, resolved.start_epoch, resolved.steps_before),
+        **transfer.pipeline_keywords(),
+    }
+    if "device_id" not in pipeline_kwargs:
+        kwargs["device_id"] = default_device_id()
+    if pipeline_kwargs.get("num_threads") is None:  # DALI has no default: it would fail when built
+        kwargs["num_threads"] = DEFAULT_NUM_THREADS
+    kwargs.update(pipeline_kwargs)
+    return kwargs
 
 
 def key_positions(outputs: Sequence[Any], nodes: Sequence[Any], fields: Sequence[Any]) -> Tuple[int, ...]:
@@ -150,19 +132,3 @@ def may_vary(field: FieldSpec) -> bool:
 
 def _positions(outputs: Sequence[Any], nodes: Sequence[Any]) -> Tuple[int, ...]:
     return tuple(i for i, out in enumerate(outputs) if any(out is node for node in nodes))
-
-
-def make_transfer(resolved: Resolved, start_method: str, control: Optional[ControlBlock],
-                  prefetch_queue_depth: Any) -> Any:  # fmt: skip
-    """The pipeline's transfer (``options.transfer``) over the resolved workers, for a pipeline of
-    this ``prefetch_queue_depth``."""
-    options = resolved.options
-    if options.transfer is Transfer.MERGE:
-        return MergeTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
-                             worker_prefetch=options.worker_prefetch, bytes_per_sample_hint=resolved.bytes_per_sample_hint)  # fmt: skip
-    per_sample = (resolved.bytes_per_sample_hint or 0) * options.py_num_workers  # (the hint is per merge slot)
-    first_slot = per_sample * (options.batch_size // options.py_num_workers)
-    return RingTransfer(resolved.workers, resolved.packing, batch_size=options.batch_size,
-                        worker_prefetch=options.worker_prefetch, start_method=start_method,
-                        start_epoch=resolved.start_epoch, first_slot_bytes=first_slot, control=control,
-                        prefetch_queue_depth=prefetch_queue_depth)  # fmt: skip

@@ -14,20 +14,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard, shard_cache
 from dali_shards.tar.format import TarReader
 from dali_shards.tar.members import RawSample
-from dali_shards.options import OnError, ShardedOptions, Transfer
-from dali_shards.shm.packing import SPECIAL_FIELDS, Packing
+from dali_shards.options import OnError, ShardedOptions
 from dali_shards.worker.outputs import check_npy_dtype
 from dali_shards.worker.outputs import OutputSpec, classify
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import KeptRngs
-from dali_shards.fields import FieldKind, input_spec
+from dali_shards.fields import SPECIAL_FIELDS, input_spec
 
 PROBE_SAMPLES = 100  # samples tried with on_error="skip" before giving up
 
@@ -138,7 +137,7 @@ def first_sample_outputs(
     """The specs of the outputs ``names`` (with a ``map``) or of the ``.npy`` fields (without),
     and their sizes in bytes, from the first sample the stage handles."""
     error: Optional[ShardError] = None
-    for tried, (sample, index) in enumerate(samples(shards, options, stage.packing.extensions)):
+    for tried, (sample, index) in enumerate(samples(shards, options, stage.codec.extensions)):
         if tried >= PROBE_SAMPLES:
             break
         try:
@@ -173,27 +172,3 @@ def _specs(stage: SampleStage, sample: RawSample, index: int, names: Sequence[st
         specs.append(spec)
         sizes[name] = getattr(value, "nbytes", 8)
     return specs, sizes
-
-
-def table_or_packed(
-    transfer: str, py_num_workers: int, sizes: Callable[[], Sequence[Tuple[float, int, str]]]
-) -> Tuple[bool, Optional[str]]:
-    """(table packing?, payload) of a sample's slot (see ``shm/packing.py``): the ring transfer's
-    table, every field in it; the merge transfer's table for two or more workers, with the largest
-    of ``sizes()`` ((bytes, tie-break, name) of the fields that may be the payload) as payload; the
-    packed packing for one worker. The one place this is decided."""
-    if Transfer(transfer) is Transfer.RING:
-        return True, None
-    if py_num_workers < 2:
-        return False, None
-    candidates = sizes()
-    return True, (max(candidates)[2] if candidates else None)
-
-
-def choose_outputs_layout(options: ShardedOptions, specs: Sequence[OutputSpec], sizes: Dict[str, int]) -> Packing:
-    """The packing of a ``map``'s outputs (``table_or_packed``; the payload: the largest output in
-    the first sample)."""
-    table, payload = table_or_packed(options.transfer, options.py_num_workers, lambda: [
-        (float(sizes.get(s.name, 0)), -i, s.name) for i, s in enumerate(specs) if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)
-    ])  # fmt: skip
-    return Packing(options.fields, table=table, payload=payload, outputs=specs, image_check=options.image_check)

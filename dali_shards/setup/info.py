@@ -13,6 +13,7 @@ from dali_shards.plan.resume import Plan, draws_left, epoch_plan, make_state, re
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
 from dali_shards.shm.control import ControlBlock
+from dali_shards.transfer.base import Handover
 
 
 def _resolved(name: str, doc: str = "") -> Any:
@@ -30,18 +31,18 @@ class ShardedPipelineInfo:
     (the iterator adds it as an output); ``key_outputs`` the positions of the outputs that are
     the ``__key__`` field as it comes (the iterator gives them as strings), ``varying_outputs`` those
     that are a bytes field as it comes (ragged unless ``ragged_outputs`` says otherwise); ``rebuild(**options)`` makes the same pipeline anew;
-    ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer``); ``probe(packing)``
+    ``transfer`` brings the workers' samples to the pipeline (``dali_shards.transfer.base.Handover``); ``probe(packing)``
     runs chosen samples through the same definition (``pipeline/probe.py``).
     """
 
     resolved: Resolved
+    transfer: Handover = field(compare=False, repr=False)
     rebuild: Optional[Callable[..., Any]] = field(default=None, compare=False, repr=False)
     outputs: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
     slot_status: Any = field(default=None, compare=False, repr=False)
     key_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
     varying_outputs: Tuple[int, ...] = field(default=(), compare=False, repr=False)
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
-    transfer: Any = field(default=None, compare=False, repr=False)  # see dali_shards.transfer.base.Transfer
     probe: Optional[Callable[..., Any]] = field(default=None, compare=False, repr=False)  # Packing -> pipeline.probe.Probe
 
     # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),

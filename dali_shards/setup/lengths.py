@@ -37,7 +37,7 @@ class SampleLengths:
         info = self.shards[s]
         base = int(plan.canonical_starts[s])
         with open_shard(info.url, self.options.storage, info.bytes) as stream:
-            reader = TarReader(stream, info.url).samples(self.stage.packing.extensions, select=wanted.__contains__)
+            reader = TarReader(stream, info.url).samples(self.stage.codec.extensions, select=wanted.__contains__)
             for sample in reader:
                 try:
                     found[(s, sample.position)] = self.stage.pack(sample, base + sample.position, plan.epoch).length

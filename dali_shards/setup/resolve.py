@@ -1,8 +1,9 @@
 """From options and the world to everything the workers need: a pure step with no DALI import.
 
-``resolve`` lists the shards and their sizes, chooses how samples are packed, builds the plan spec (or
-the streaming spec), applies a resume state, and makes one picklable ``WorkerConfig`` per local
-worker. ``pipeline/build.py`` then turns the result into DALI external sources and a pipeline.
+``resolve`` lists the shards and their sizes, makes the workers' stage (its codec, and its slot
+format as the transfer chooses it), builds the plan spec (or the streaming spec), applies a resume
+state, and makes one picklable ``WorkerConfig`` per local worker. ``pipeline/build.py`` then hands
+them to the transfer and turns the result into a pipeline.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.options import ShardedOptions, option_default
+from dali_shards.options import ShardedOptions
 from dali_shards.catalog.table import SampleTables
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.mode import Mode, Planned, Streaming
@@ -25,15 +26,16 @@ from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.errors import ConfigError
-from dali_shards.setup.first_sample import check_fields_present, choose_outputs_layout, first_sample_outputs, table_or_packed
+from dali_shards.setup.first_sample import check_fields_present, first_sample_outputs
 from dali_shards.setup.lengths import SampleLengths
-from dali_shards.fields import check_decoders
+from dali_shards.fields import FieldKind, OutputSpec, check_decoders
+from dali_shards.plan.mixture import MixSpec
 from dali_shards.shm.packing import Packing
+from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
-from dali_shards.fields import FieldKind
-
-SLOT_META_BYTES = 128  # shared memory a batch slot takes beyond its sample
+from dali_shards.transfer.base import Handover
+from dali_shards.transfer.choice import transfer_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +58,7 @@ class Resolved:
     resume_plan: Optional[Plan]
     resume_prior: Tuple[Dict[str, Any], ...]
     workers: Tuple[WorkerConfig, ...]
-    bytes_per_sample_hint: Optional[int]
+    sample_bytes: Optional[int]  # a sample's estimated bytes in its slot (None: not known)
     lengths: Optional[SampleLengths] = None  # bucketing: samples' lengths, read in this process
     excluded: Tuple[int, ...] = ()  # samples DALI's operators failed on (from the resume state)
 
@@ -77,17 +79,16 @@ class Resolved:
         return dataclasses.replace(self, workers=workers)
 
 
-def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
+def resolve(options: ShardedOptions, outputs: Sequence[str] = (), transfer: Optional[Handover] = None) -> Resolved:
     """Everything the pipeline's workers need, from the options and the world (see the module);
-    ``outputs``: with a ``map``, the names of its outputs (the pipeline function's parameters)."""
+    ``outputs``: with a ``map``, the names of its outputs (the pipeline function's parameters);
+    ``transfer``: the pipeline's (``transfer.choice``; by default one made for the options)."""
     world_size, rank = resolve_world(options.world_size, options.rank)
     listed, mixture = resolve_shards(options)
     shards = tuple(listed)
-    stage, sizes = choose_stage(options, shards, outputs)
+    transfer = transfer if transfer is not None else transfer_for(options)
+    stage, sizes = choose_stage(options, shards, outputs, stream_starts(shards, mixture), transfer)
     packing = stage.packing
-    if mixture is not None:  # __stream__ is found from __index__: where each stream's samples begin
-        starts = [sum(s.samples for s in shards[:b]) for b in mixture.bounds[:-1]]
-        packing.set_streams(starts)
     spec, streaming = plan_specs(options, shards, world_size, mixture)
     dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
     resume_prior: List[Dict[str, Any]]
@@ -115,7 +116,6 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         tables=SampleTables.of(shards, options.storage) if streaming is None else SampleTables(),
         packing=packing,
         on_error=options.on_error,
-        image_check=options.image_check,
         storage=options.storage,
         start_epoch=start_epoch,
         shuffle_buffer=options.shuffle_buffer,
@@ -134,7 +134,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = ()) -> Resolved:
         resume_plan=resume_plan,
         resume_prior=tuple(resume_prior),
         workers=tuple(dataclasses.replace(first_worker, worker=w) for w in range(options.py_num_workers)),
-        bytes_per_sample_hint=bytes_per_sample_hint(shards, packing, options.py_num_workers, sizes),
+        sample_bytes=sample_bytes(shards, packing, sizes),
         lengths=lengths,
         excluded=excluded,
     )
@@ -161,65 +161,69 @@ def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Option
     return sum((s.ext_bytes or {}).get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
 
 
-def choose_packing(
-    fields: Sequence[str],
-    shards: Sequence[ShardInfo],
-    py_num_workers: int,
-    image_check: str = option_default("image_check"),
-    arrays: Optional[Dict[str, Tuple[str, int]]] = None,
-    transfer: str = option_default("transfer"),
-) -> Packing:
-    """The ring transfer's packing: a table of rows and a heap, every field in it (no payload). The
-    merge transfer's: the table form for two or more workers, with the largest byte field (by the
-    scan's per-extension sizes; else the first) as payload; the single-array form for one worker."""
-    table, payload = table_or_packed(transfer, py_num_workers, lambda: [
-        (mean_field_bytes(shards, spec.extensions) or 0.0, -i, spec.name)
-        for i, spec in enumerate(Packing(fields).byte_fields)
-    ])  # fmt: skip
-    return Packing(fields, table=table, payload=payload, image_check=image_check, arrays=arrays)
+def stream_starts(shards: Sequence[ShardInfo], mixture: Optional[MixSpec]) -> Tuple[int, ...]:
+    """The ``__index__`` each stream of a mix begins at (``__stream__`` is found from it); one
+    dataset: (0,)."""
+    if mixture is None:
+        return (0,)
+    return tuple(sum(s.samples for s in shards[:b]) for b in mixture.bounds[:-1])
 
 
-def choose_stage(
-    options: ShardedOptions, shards: Sequence[ShardInfo], outputs: Sequence[str]
-) -> Tuple[SampleStage, Dict[str, int]]:
-    """The workers' Python stage (its packing included) and, with a ``map``, the sizes of its
-    outputs in the first sample; user callables are made portable (refused here if they cannot
-    be pickled), and the types of ``.npy`` fields and ``map`` outputs taken from the first sample."""
+def field_sizes(shards: Sequence[ShardInfo], codec: SampleCodec) -> List[Tuple[float, int, str]]:
+    """(mean bytes by the scan, tie-break, name) of the requested byte fields: what may be a payload."""
+    byte_fields = [(name, exts) for name, kind, exts in codec.inputs if kind == FieldKind.BYTES and exts]
+    return [(mean_field_bytes(shards, exts) or 0.0, -i, name) for i, (name, exts) in enumerate(byte_fields)]
+
+
+def output_sizes(specs: Sequence[OutputSpec], sizes: Mapping[str, int]) -> List[Tuple[float, int, str]]:
+    """(bytes in the first sample, tie-break, name) of a ``map``'s outputs that may be a payload."""
+    return [(float(sizes.get(s.name, 0)), -i, s.name) for i, s in enumerate(specs) if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)]
+
+
+def choose_stage(options: ShardedOptions, shards: Sequence[ShardInfo], outputs: Sequence[str], starts: Tuple[int, ...],
+                 transfer: Handover) -> Tuple[SampleStage, Dict[str, int]]:  # fmt: skip
+    """The workers' Python stage (its codec, and its slot format as ``transfer`` lays it out) and,
+    with a ``map``, the sizes of its outputs in the first sample; user callables are made portable
+    (refused here if they cannot be pickled), and the types of ``.npy`` fields and ``map`` outputs
+    taken from the first sample."""
     if not options.mixing:  # (a mix's streams are checked one by one: ``setup.mixing``)
         check_fields_present(options, shards)
     mapper = Portable(options.map, "map") if options.map is not None else None
     decoders = {k: (None if v is None else Portable(v, f"decoders[{k!r}]")) for k, v in check_decoders(options.decoders, options.fields).items()}
     bucket_by = Portable(options.bucket_by, "bucket_by") if options.bucket_by is not None else None
-    reading = Packing(options.fields, image_check=options.image_check)
+    codec = SampleCodec(options.fields, options.image_check, starts)
+    reading = SampleStage(codec, None, mapper, decoders)  # the first samples' types, before the slot format
     if mapper is None:
-        npy = [f.name for f in reading.fields if f.kind == FieldKind.ARRAY]
-        specs = first_sample_outputs(options, shards, SampleStage(reading, None, decoders), npy)[0] if npy else []
-        arrays = {s.name: (s.dtype, s.ndim) for s in specs}
-        packing = choose_packing(options.fields, shards, options.py_num_workers, options.image_check, arrays, options.transfer)
-        return SampleStage(packing, None, decoders, bucket_by, options.seed), {}
+        npy = [name for name, kind, _ in codec.inputs if kind == FieldKind.ARRAY]
+        specs = first_sample_outputs(options, shards, reading, npy)[0] if npy else []
+        table, payload = transfer.slot_layout(lambda: field_sizes(shards, codec))
+        packing = Packing(options.fields, table=table, payload=payload, arrays={s.name: (s.dtype, s.ndim) for s in specs},
+                          stream_starts=starts)  # fmt: skip
+        return SampleStage(codec, packing, None, decoders, bucket_by, options.seed), {}
     if not outputs:
         raise ConfigError("map= needs the names of its outputs: the pipeline function's parameters")
-    specs, sizes = first_sample_outputs(options, shards, SampleStage(reading, mapper, decoders), outputs)
-    return SampleStage(choose_outputs_layout(options, specs, sizes), mapper, decoders, bucket_by, options.seed), sizes
+    specs, sizes = first_sample_outputs(options, shards, reading, outputs)
+    table, payload = transfer.slot_layout(lambda: output_sizes(specs, sizes))
+    packing = Packing(options.fields, table=table, payload=payload, outputs=specs, stream_starts=starts)
+    return SampleStage(codec, packing, mapper, decoders, bucket_by, options.seed), sizes
 
 
-MAX_SLOT_HINT = 64 << 20
+MAX_SAMPLE_BYTES = 64 << 20  # the estimate's bound (a manifest's sizes of compressed shards do not bound it)
 
 
-def bytes_per_sample_hint(
-    shards: Sequence[ShardInfo], packing: Packing, py_num_workers: int, sizes: Optional[Dict[str, int]] = None
-) -> Optional[int]:
-    """Shared-memory size per batch slot: a worker's batch is ``batch_size`` slots but holds only
-    ``batch_size / py_num_workers`` samples, so the hint is the sample size divided by the workers
-    (with a ``map``: the size of its outputs in the first sample), at most ``MAX_SLOT_HINT`` (DALI
-    grows a slot that needs more: a manifest's sizes of compressed shards are not bounded by theirs)."""
+def sample_bytes(shards: Sequence[ShardInfo], packing: Packing, sizes: Optional[Dict[str, int]] = None) -> Optional[int]:
+    """A sample's estimated bytes in its slot (header included, and a quarter more), at most
+    ``MAX_SAMPLE_BYTES``: with a ``map``, from the size of its outputs in the first sample; else
+    from the scan's sizes of the requested members, or the shards' mean sample (None where neither
+    is known). Each transfer sizes its slots from it."""
     if sizes:
-        return min(MAX_SLOT_HINT, int((sum(sizes.values()) + packing.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
-    exts = [e for spec in packing.byte_fields for e in spec.extensions]
-    mean = mean_field_bytes(shards, exts) if exts else 0.0
+        mean: Optional[float] = float(sum(sizes.values()))
+    else:
+        exts = [e for spec in packing.byte_fields for e in spec.extensions]
+        mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:
         known = [(s.bytes, s.samples) for s in shards if s.bytes and s.samples > 0]
         if not known:
             return None
         mean = sum(b for b, _ in known) / sum(n for _, n in known)
-    return min(MAX_SLOT_HINT, int((mean + packing.header_bytes) * 1.25 / py_num_workers) + SLOT_META_BYTES)
+    return min(MAX_SAMPLE_BYTES, int((mean + packing.header_bytes) * 1.25))

@@ -1,24 +1,14 @@
-"""The pieces of a batch slot: field specs and header slots, and a packed sample (see ``packing``).
-Imports no DALI."""
+"""The pieces of a batch slot: field specs and their header columns, and a packed sample (see
+``packing``). Imports no DALI."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
-from dali_shards.fields import (  # noqa: F401 - KEY, INDEX, VALID, SPECIAL_FIELDS, input_spec: the packing's vocabulary
-    INDEX,
-    KEY,
-    SPECIAL_FIELDS,
-    SPECIAL_KINDS,
-    VALID,
-    FieldInfo,
-    FieldKind,
-    input_spec,
-)
-from dali_shards.worker.outputs import OutputSpec
+from dali_shards.fields import FieldKind
 
 INDEX_COLUMN, VALID_COLUMN = 0, 1
 STATUS_VALID, STATUS_PADDING, STATUS_SKIPPED = 1, 0, -1
@@ -28,11 +18,6 @@ EMPTY = np.empty((0,), dtype=np.uint8)
 def table_rows(table: np.ndarray, count: int, columns: int) -> np.ndarray:
     """The header rows at the start of a table of ``count`` samples (``columns`` int64 each): a view."""
     return table[: count * 8 * columns].view(np.int64).reshape(count, columns)
-
-
-def table_place(worker: int, py_num_workers: int, mini_batch: int) -> int:
-    """The padding slot in which ``worker`` puts its table: the first slot of the next worker."""
-    return (worker + 1) % py_num_workers * mini_batch
 
 
 @dataclass(frozen=True)
@@ -108,13 +93,3 @@ class Packed:
         if index is not None:
             header[INDEX_COLUMN] = index
         return Packed(header, self.payload, self.parts, blob, self.length)
-
-
-def output_kind(spec: OutputSpec) -> FieldInfo:
-    """(name, kind, no extensions) of a ``map`` output."""
-    return spec.name, SPECIAL_KINDS.get(spec.name) or FieldKind(spec.kind), ()
-
-
-def array_type(outputs: Sequence[OutputSpec], name: str) -> Tuple[str, int]:
-    spec = next(o for o in outputs if o.name == name)
-    return spec.dtype, spec.ndim

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dali_shards.shm.packing import Packed, Packing
+from dali_shards.shm.packed import Packed
+from dali_shards.shm.packing import Packing
 
 
 class Grow(Exception):

@@ -11,7 +11,6 @@
 
 Both run the same worker sources (``worker/sources.py``: the plan, reading, ``map``, bucketing,
 the streaming mode) and the same run logic in the main process (epochs, cuts, state, audit,
-supervision); ``transfer/base.py`` says what each transfer provides.
+supervision); ``transfer/base.py`` says what each transfer decides (``Handover``), and
+``transfer/choice.py`` makes the pipeline's from ``options.transfer``, the one place it is read.
 """
-
-TRANSFERS = ("ring", "merge")

@@ -1,22 +1,58 @@
-"""What a transfer provides the main process (``RingTransfer``, ``MergeTransfer``): the graph's
-inputs, its worker processes (started, watched, killed), how many steps can be in flight (for an
-epoch cut short), and its own failures in our words. Everything else -- epochs, ``len()``, cuts,
-state, resume, audit, the watchdog -- is shared. Imports no DALI.
+"""What a transfer is (``Handover``: ``RingTransfer``, ``MergeTransfer``, one made per pipeline by
+``choice.transfer_for``): the one object that decides, for its pipeline, everything that differs
+between the transfers -- the DALI keywords it refuses and those it adds, a sample's slot (table or
+single array, the payload), its slots' size, its workers, the graph's inputs, the steps it keeps in
+flight, and its failures in our words. Everything else -- epochs, ``len()``, cuts, state, resume,
+audit, the watchdog -- is shared. Imports no DALI.
+
+``prefetch_queue_depth`` is read in one place (``Queues``), from the keywords the pipeline is made
+with (DALI's defaults where not given), under one rule (``steps_held``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
 
 from dali_shards.errors import ConfigError
+from dali_shards.shm.control import ControlBlock
+from dali_shards.worker.config import WorkerConfig
+
+Sizes = Callable[[], Sequence[Tuple[float, int, str]]]  # (bytes, tie-break, name) of the fields that may be a payload
 
 
-class Transfer(Protocol):
-    """One pipeline's transfer (see the module)."""
+class Handover(Protocol):
+    """One pipeline's transfer (see the module), made from the options; ``check`` and
+    ``slot_layout`` are asked before the workers are resolved, ``start`` once they are, the rest
+    once the pipeline is defined and built."""
 
     name: str
+
+    def check(self, settings: Mapping[str, Any]) -> None:
+        """A ``ConfigError`` naming a DALI keyword of the pipeline (``settings``: DALI's defaults
+        filled in) that this transfer cannot run with."""
+        ...
+
+    def slot_layout(self, sizes: Sizes) -> Tuple[bool, Optional[str]]:
+        """(table form?, payload) of a sample's slot (``shm/packing.py``); ``sizes()`` ranks the
+        fields that may be the payload."""
+        ...
+
+    def pipeline_keywords(self) -> Dict[str, Any]:
+        """The DALI keywords the pipeline needs for this transfer."""
+        ...
+
+    def start(self, configs: Sequence[WorkerConfig], sample_bytes: Optional[int], control: Optional[ControlBlock],
+              settings: Mapping[str, Any]) -> None:  # fmt: skip
+        """Its workers for ``configs`` (their processes start when the pipeline is built), its
+        slots sized from ``sample_bytes`` (a sample's estimated bytes, if known) and its queues from
+        ``settings`` (see ``check``)."""
+        ...
 
     def graph_inputs(self) -> Tuple[List[Any], Any]:
         """Inside the graph's definition: the requested fields (DataNodes, in the packing's order)
@@ -48,9 +84,10 @@ class Transfer(Protocol):
         """End every worker process now (SIGKILL), so that nothing waits on them."""
         ...
 
-    def in_flight(self, pipeline: Any) -> int:
+    def in_flight(self, pipeline: Any = None) -> int:
         """Steps a worker may have produced beyond those the iterator returned: an epoch cut short
-        ends that many steps on."""
+        ends that many steps on (``Queues.in_flight``; ``pipeline``, the one it feeds, adds nothing:
+        its queues were read from the keywords it was made with)."""
         ...
 
     def translate(self, exc: BaseException) -> Optional[BaseException]:
@@ -63,12 +100,50 @@ class Transfer(Protocol):
         ...
 
 
-def steps_in_flight(prefetch_queue_depth: Any, worker_depth: int) -> int:
-    """Steps that may be prepared beyond those returned: DALI's prefetch queue (both of its
-    queues, where CPU and GPU ones are given: a larger cut costs only batches read in vain), each
-    worker's own queue, and the one a worker is making."""
-    depth = sum(prefetch_queue_depth.values()) if isinstance(prefetch_queue_depth, dict) else int(prefetch_queue_depth)
-    return depth + worker_depth + 1
+QueueDepth = Union[int, Mapping[str, int]]
+
+
+def positive_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least 1: a queue's depth."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1)
+
+
+def steps_held(prefetch_queue_depth: QueueDepth) -> int:
+    """The steps DALI may hold a step it was fed for: ``prefetch_queue_depth``, or the product of its
+    CPU and GPU queues where they differ (DALI's rule for ``no_copy`` in ``external_source``: a
+    step's data stays untouched that many feeds). It also bounds the steps DALI runs ahead of the
+    outputs taken (its prefetch: the larger queue), so it serves both what a transfer must keep
+    and how far ahead its workers may be. The one rule for the queue depth."""
+    if isinstance(prefetch_queue_depth, Mapping):
+        sizes = [int(v) for v in prefetch_queue_depth.values()] or [1]  # (an empty one: DALI says what is wrong)
+        return max(1, math.prod(sizes) if len(set(sizes)) > 1 else sizes[0])
+    return max(1, int(prefetch_queue_depth))
+
+
+@dataclass(frozen=True)
+class Queues:
+    """A pipeline's queues: ``held``, the steps DALI holds (``steps_held``), and
+    ``worker_prefetch``, the steps each worker prepares ahead."""
+
+    held: int
+    worker_prefetch: int
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], worker_prefetch: int) -> "Queues":
+        """The queues of a pipeline made with ``settings`` (its DALI keywords, DALI's defaults filled in)."""
+        return cls(steps_held(settings["prefetch_queue_depth"]), worker_prefetch)
+
+    @property
+    def slots(self) -> int:
+        """The steps a worker's output must be kept for: those DALI holds and those it prepares ahead."""
+        return self.worker_prefetch + self.held
+
+    @property
+    def in_flight(self) -> int:
+        """Steps a worker may have produced beyond those returned: those DALI holds (or runs
+        ahead), those each worker prepares ahead, and the one it is making (a larger cut costs
+        only batches read in vain)."""
+        return self.slots + 1
 
 
 def outputs_pending(pipeline: Any) -> Optional[int]:

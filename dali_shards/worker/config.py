@@ -9,11 +9,12 @@ from typing import FrozenSet, Optional, Tuple, Union
 import numpy as np
 
 from dali_shards.catalog.table import SampleTables
-from dali_shards.options import ImageCheck, OnError, StorageOptions, option_default
+from dali_shards.options import OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.mode import Mode, Planned
 from dali_shards.plan.streaming import StreamingSpec
 from dali_shards.shm.packing import Packing
+from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 
 
@@ -28,7 +29,9 @@ class WorkerConfig:
     sample's key fingerprint where known (checked as samples are read); ``tables``, the sample tables
     of shards listed by a version-3 manifest, read for the shards this worker reads
     (``sample_offsets``, ``sample_keys``).
-    ``stage`` decodes, maps and measures samples (default: the packing's packing alone).
+    ``packing`` is the slot format its samples are packed into; ``stage`` reads, decodes, maps,
+    measures and packs them into that format (default: the requested fields as they are, images
+    checked as ``image_check``'s default says).
     ``excluded``: the ``__index__`` of samples DALI's operators failed on (``on_error="skip"``):
     read as skipped, whatever their bytes.
     """
@@ -42,9 +45,8 @@ class WorkerConfig:
     offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     key_crc: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
     tables: SampleTables = field(default_factory=SampleTables, compare=False, repr=False)
-    stage: Optional[SampleStage] = field(default=None, compare=False, repr=False)
+    stage: Optional[SampleStage] = field(default=None, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
-    image_check: ImageCheck = ImageCheck(option_default("image_check"))
     storage: StorageOptions = field(default_factory=StorageOptions)
     start_epoch: int = 0
     shuffle_buffer: int = option_default("shuffle_buffer")
@@ -65,10 +67,19 @@ class WorkerConfig:
             object.__setattr__(self, "key_crc", (None,) * len(self.urls))
         if len(self.key_crc) != len(self.urls):
             raise ValueError("one key fingerprint array (or None) per shard URL is required")
-        if self.stage is None:
-            object.__setattr__(self, "stage", SampleStage(self.packing))
+        stage = self.stage
+        if stage is None:
+            stage = SampleStage(SampleCodec(self.packing.requested, stream_starts=self.packing.stream_starts), self.packing)
+            object.__setattr__(self, "stage", stage)
+        if stage.packing != self.packing:
+            raise ValueError("the stage must pack into the config's packing")
         object.__setattr__(self, "on_error", OnError(self.on_error))
-        object.__setattr__(self, "image_check", ImageCheck(self.image_check))
+
+    @property
+    def codec(self) -> SampleCodec:
+        """How the worker reads its samples' members (the stage's)."""
+        assert self.stage is not None  # set by __post_init__
+        return self.stage.codec
 
     def spans_known(self, shard: int) -> bool:
         """Whether where each of the shard's samples begins is known without scanning it."""

@@ -25,8 +25,7 @@ import numpy as np
 
 from dali_shards.worker.grouped import GroupedStep, StepGroup, first_seen
 from dali_shards.worker.located import NotDirect, aligned, excluded, layout, locate, offset_columns, read_spans
-from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed
-from dali_shards.shm.packed import table_rows
+from dali_shards.shm.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed, table_rows
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Skipped

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_shards.shm.packing import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN
+from dali_shards.shm.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN
 from dali_shards.shm.tables import Grow
 from dali_shards.worker.located import NotDirect, aligned, excluded, locate, read_spans
 

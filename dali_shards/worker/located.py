@@ -80,8 +80,8 @@ def locate(reading: Any, index: np.ndarray, unique: np.ndarray, buf: np.ndarray,
     walk = walk_members(buf, starts, ends)
     if walk.irregular.any():
         raise NotDirect()
-    packing, count = reading.cfg.packing, len(unique)
-    found = _members_by_extension(walk, count, sorted(packing.extensions))
+    packing, codec, count = reading.cfg.packing, reading.cfg.codec, len(unique)
+    found = _members_by_extension(walk, count, sorted(codec.extensions))
     values: List[Tuple[int, np.ndarray]] = []
     key_at, key_len = _keys(walk, count)
     _check_keys(reading, unique, buf, key_at, key_len)
@@ -101,7 +101,7 @@ def locate(reading: Any, index: np.ndarray, unique: np.ndarray, buf: np.ndarray,
                 raise NotDirect()  # the general way names the sample
             values.append((spec.column, ints))
             continue
-        if any(e in IMAGE_EXTENSIONS for e in spec.extensions) and not images_ok(buf, data, size, packing.image_check).all():
+        if any(e in IMAGE_EXTENSIONS for e in spec.extensions) and not images_ok(buf, data, size, codec.image_check).all():
             raise NotDirect()
         values += [(spec.offset_column, data), (spec.length_column, size)]
     return values

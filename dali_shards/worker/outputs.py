@@ -16,42 +16,18 @@ not), so that a map may reuse its buffers.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
 from typing import Any, Tuple
 
 import numpy as np
 
-from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.errors import ShardFormatError
 from dali_shards.tar.members import RawSample
 from dali_shards.worker.decoders import native
-from dali_shards.fields import FieldKind
-
-# the dtypes an array travels as (DALI's types): the one list, which the transfers use too
-DALI_DTYPES = frozenset(
-    {"bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64"}
-)
+from dali_shards.fields import CARRIED, DALI_DTYPES, FieldKind, OutputSpec
 
 
 class OutputTypeError(TypeError):
     """An output DALI cannot take, or of another type than the first sample's."""
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """One output of ``map``: its name, kind (``int``, ``bytes`` or ``array``), NumPy dtype name
-    and number of dimensions."""
-
-    name: str
-    kind: str
-    dtype: str = "uint8"
-    ndim: int = 1
-
-    def describe(self) -> str:
-        if self.kind == FieldKind.INT:
-            return "a Python int"
-        if self.kind == FieldKind.BYTES:
-            return "bytes"
-        return f"a {self.dtype} array with {self.ndim} dimension{'s' if self.ndim != 1 else ''}"
 
 
 def _array(name: str, value: Any) -> np.ndarray:
@@ -107,16 +83,6 @@ def conform(spec: OutputSpec, value: Any) -> Any:
         f"output {spec.name!r} is {got.describe()} here but {spec.describe()} in the first sample: return the same "
         "type (and dtype and number of dimensions) for every sample, e.g. np.asarray(x, dtype=np.float32)"
     )
-
-
-CARRIED = ", ".join(sorted(DALI_DTYPES))  # the dtypes an array travels as, for messages
-
-
-def check_carried_type(name: str, dtype: str) -> None:
-    """A ConfigError unless an array of ``dtype`` can go to DALI (the first sample's checks make
-    sure it can: this guards the transfers, which take only those)."""
-    if dtype not in DALI_DTYPES:
-        raise ConfigError(f"field {name!r} would travel as a {dtype} array, which DALI cannot carry (only {CARRIED})")
 
 
 def check_npy_dtype(sample: RawSample, name: str, array: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from dali_shards.plan.resume import Plan, epoch_plan
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.control import NO_STAMPS
 from dali_shards.worker.direct import DirectBatches, direct_fits
-from dali_shards.shm.packing import Packed
+from dali_shards.shm.packed import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Item, ShardReader, Skipped

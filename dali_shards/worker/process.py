@@ -1,5 +1,5 @@
-"""A pipeline's worker process, seen from inside: epochs counted per process, and what a worker
-does when a source first runs in it. It ends within about a second of its parent's death
+"""A pipeline's worker process, seen from inside: what a worker does when a source first runs in
+it, and its stamps in the control block. It ends within about a second of its parent's death
 (``worker/parent.py``: watched from its first moment where the library started it, else from
 here). Ctrl-C and SIGTERM are the main process's to handle: workers ignore SIGINT and keep
 SIGTERM's default action. Imports no DALI.
@@ -12,60 +12,13 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional, Tuple
+from typing import Optional
 
 from dali_shards.errors import WorkerError
 from dali_shards.shm.control import NO_STAMPS, WorkerStamps
 from dali_shards.worker.parent import beat_for, watch_parent
 
 _entered: Optional[int] = None
-
-
-class ProcessEpochs:
-    """Epoch counting for a worker source: DALI calls ``iter()`` once per epoch in the worker
-    process (and once in the main process when the pipeline is defined), so epochs count per
-    process from ``start_epoch``. Per-process state (names in ``_process_state``) is dropped
-    when pickled and reset in a new process.
-
-    A source records the process that builds it (``owner_pid``), the path of the pipeline's
-    control block (``control``, or None) and its local ``worker`` id (see ``init_process``). The
-    first ``iter()`` in another process makes it a worker: see ``entered_process``; ``slot`` is
-    then its slot in the control block."""
-
-    start_epoch: int
-    worker: int
-    owner_pid: Optional[int] = None
-    control: Optional[str] = None
-    stamps = NO_STAMPS
-    _process_state: Tuple[str, ...] = ()
-
-    def init_process(self, control: Optional[str]) -> None:
-        """Record the building process and the control block's path (call in ``__init__``)."""
-        self.owner_pid = os.getpid()
-        self.control = control
-
-    def next_epoch(self) -> int:
-        """The epoch the coming ``iter()`` starts."""
-        pid = os.getpid()
-        if getattr(self, "_pid", None) != pid:
-            self._pid, self._epoch = pid, self.start_epoch
-            for name in self._process_state:
-                setattr(self, name, None)
-            self.stamps = NO_STAMPS
-            if pid != (self.owner_pid or _MAIN_PID):
-                entered_process(self.owner_pid)
-                self.stamps = attach_stamps(self.control, self.worker)
-        else:
-            self._epoch += 1
-        return self._epoch
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_pid"] = None
-        state.pop("stamps", None)
-        for name in self._process_state:
-            state[name] = None
-        return state
 
 
 def attach_stamps(path: Optional[str], worker: int):

@@ -24,7 +24,7 @@ from dali_shards.tar.format import TarReader
 from dali_shards.tar.header import printable
 from dali_shards.tar.scan import key_fingerprint
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packing import Packed
+from dali_shards.shm.packed import Packed
 
 log = logging.getLogger("dali_shards")
 _CHANGED_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
@@ -125,13 +125,13 @@ class ShardReader:
         """The shard's sample at ``position`` from the bytes of its ``span``, packed as
         ``__index__`` ``index``; under ``on_error="skip"`` a ``Skipped`` if it is bad."""
         self.progress()
-        packing, url = self.config.packing, self.config.urls[shard]
-        if index in self.config.excluded:
+        cfg, url = self.config, self.config.urls[shard]
+        if index in cfg.excluded:
             return excluded(index, url, None)
         try:
-            sample = fast_sample(data, url, position, packing.extensions) if len(data) == span[1] - span[0] else None
+            sample = fast_sample(data, url, position, cfg.codec.extensions) if len(data) == span[1] - span[0] else None
             if sample is None:  # anything out of the ordinary: the general reader accepts or names it
-                sample = sample_in_span(data, url, span, position, packing.extensions, packing.destination)
+                sample = sample_in_span(data, url, span, position, cfg.codec.extensions, cfg.packing.destination)
         except ShardFormatError as exc:
             if not self.config.skips:
                 raise
@@ -175,9 +175,9 @@ class ShardReader:
         )
 
     def _read(self, shard, stream, index, start, stop, select):
-        packing, url = self.config.packing, self.config.urls[shard]
+        cfg, url = self.config, self.config.urls[shard]
         reader = TarReader(stream, url)
-        for sample in reader.samples(packing.extensions, start=start, stop=stop, into=packing.destination, select=select):
+        for sample in reader.samples(cfg.codec.extensions, start=start, stop=stop, into=cfg.packing.destination, select=select):
             self.progress()
             yield sample.position, self._pack(sample, url, index(sample.position), shard)
         if stop is not None and reader.samples_seen < stop:

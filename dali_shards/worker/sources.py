@@ -8,7 +8,7 @@ from typing import Iterator, List, Protocol, Union
 from dali_shards.plan.mode import Streaming
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.shm.control import NO_STAMPS
-from dali_shards.shm.packing import Packed
+from dali_shards.shm.packed import Packed
 from dali_shards.worker.planned import WorkerSource
 from dali_shards.worker.streaming import StreamingWorkerSource
 

@@ -1,13 +1,14 @@
 """The Python stage of a worker: what becomes of a sample between its members and its batch slot.
 
-Without a ``map`` the packing packs the members as they are (integers parsed, ``.npy`` loaded).
-With one, the requested fields are decoded (``worker/decoders.py``, or the user's ``decoders``)
-into a dict, with ``"__key__"``; the map's dict of outputs is checked against the types the first
-sample fixed (``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is
-computed too (from the map's outputs, or from the decoded fields without a map). User code runs
-with the global RNGs seeded per sample (``usercode.seed_user_rngs``). User code that
-raises, or returns what cannot travel, is a ``ShardMapError`` naming the shard, the sample and the
-field or output. Imports no DALI.
+Without a ``map`` the codec takes the members as they are (``worker/codec.py``: integers parsed,
+``.npy`` loaded) and the slot format packs them (``shm/packing.py``). With one, the requested
+fields are decoded (``worker/decoders.py``, or the user's ``decoders``) into a dict, with
+``"__key__"``; the map's dict of outputs is checked against the types the first sample fixed
+(``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is computed too (from
+the map's outputs, or from the decoded fields without a map). User code runs with the global RNGs
+seeded per sample (``usercode.seed_user_rngs``). User code that raises, or returns what cannot
+travel, is a ``ShardMapError`` naming the shard, the sample and the field or output. Imports no
+DALI.
 """
 
 from __future__ import annotations
@@ -18,37 +19,58 @@ import numpy as np
 
 from dali_shards.errors import ConfigError, ShardError, ShardFormatError, ShardMapError
 from dali_shards.tar.members import RawSample
+from dali_shards.worker.codec import SPECIAL, SampleCodec
 from dali_shards.worker.decoders import builtin_decoder
-from dali_shards.shm.packing import KEY, INDEX, VALID, Packed, Packing
+from dali_shards.shm.packed import Packed
+from dali_shards.shm.packing import Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
 from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
-from dali_shards.fields import FieldKind
+from dali_shards.fields import INDEX, KEY, VALID, FieldKind
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class SampleStage:
-    """Decoding, ``map`` and ``bucket_by`` for ``packing`` (see the module). ``decoders`` maps a
-    field's name to its decoder (a ``Portable``, or None for its bytes)."""
+    """Decoding, ``map`` and ``bucket_by`` of the samples ``codec`` reads, packed into ``packing``
+    (see the module; None: a stage that only reads, for the first samples' types). ``decoders``
+    maps a field's name to its decoder (a ``Portable``, or None for its bytes)."""
 
     def __init__(
         self,
-        packing: Packing,
+        codec: SampleCodec,
+        packing: Optional[Packing] = None,
         mapper: Optional[Portable] = None,
         decoders: Optional[Mapping[str, Optional[Portable]]] = None,
         bucket_by: Optional[Portable] = None,
         seed: int = 0,
     ):
-        self.packing = packing
+        self.codec = codec
+        self._packing = packing
         self.mapper = mapper
         self.decoders = dict(decoders or {})
         self.bucket_by = bucket_by
         self.seed = seed
         self.user_code = [c for c in (mapper, bucket_by, *self.decoders.values()) if c is not None]
 
+    def _parts(self) -> tuple:
+        return self.codec, self._packing, self.mapper, self.decoders, self.bucket_by, self.seed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SampleStage) and self._parts() == other._parts()
+
+    def __hash__(self) -> int:
+        return hash((self.codec, self._packing, self.mapper, self.bucket_by, self.seed))
+
+    @property
+    def packing(self) -> Packing:
+        """The slot format the stage packs into."""
+        if self._packing is None:
+            raise ValueError("dali_shards internal error: this stage only reads samples; it has no slot format")
+        return self._packing
+
     def with_packing(self, packing: Packing) -> "SampleStage":
         """The same stage packing into ``packing``."""
-        return SampleStage(packing, self.mapper, self.decoders, self.bucket_by, self.seed)
+        return SampleStage(self.codec, packing, self.mapper, self.decoders, self.bucket_by, self.seed)
 
     @property
     def mapped(self) -> bool:
@@ -59,13 +81,12 @@ class SampleStage:
         if sample.error:
             raise ShardFormatError(sample.url, sample.error, key=sample.key, hint=sample.hint)
         out: Dict[str, Any] = {KEY: sample.key}
-        for name, kind, exts in self.packing.input_fields:
-            if kind in (FieldKind.KEY, FieldKind.INDEX, FieldKind.VALID, FieldKind.STREAM):
-                stream = int(self.packing.stream_of(index)) if kind == FieldKind.STREAM else 0
+        for name, kind, exts in self.codec.inputs:
+            if kind in SPECIAL:
+                stream = self.codec.stream_of(index) if kind == FieldKind.STREAM else 0
                 out[name] = {FieldKind.KEY: sample.key, FieldKind.INDEX: index, FieldKind.VALID: True, FieldKind.STREAM: stream}[kind]
                 continue
-            data = self.packing.member(sample, name, exts)
-            ext = exts[0] if len(exts) == 1 else next(e for e in exts if sample.data.get(e) is not None)
+            ext, data = self.codec.member(sample, name, exts)
             if type(data) is bytes and name not in self.decoders and builtin_decoder(ext, self.mapper is not None) is None:
                 out[name] = data  # bytes stay bytes: the common case, kept cheap
             else:
@@ -105,14 +126,16 @@ class SampleStage:
             for code in self.user_code:  # loaded before seeding: the modules it imports get seeded too
                 code.load()
             seed_user_rngs(self.seed, epoch, index)
+        packing = self.packing
         if not self.mapped:
-            packed = self.packing.pack(sample, index)
+            values, placed = self.codec.values(sample, packing)
+            packed = packing.pack_values(values, index, sample.key, placed)
             if self.bucket_by is not None:
                 packed.length = self._length(sample, self.inputs(sample, index))
             return packed
         inputs = self.inputs(sample, index)
         result = self.run_map(sample, inputs)
-        packed = self.packing.pack_values(self.outputs(sample, result), index, sample.key)
+        packed = packing.pack_values(self.outputs(sample, result), index, sample.key)
         if self.bucket_by is not None:
             packed.length = self._length(sample, result)
         return packed

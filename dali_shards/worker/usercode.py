@@ -55,6 +55,13 @@ class Portable:
         self._blob, self.what, self.name = state["blob"], state["what"], state["name"]
         self._func = None
 
+    def __eq__(self, other: object) -> bool:
+        """The same callable as it travels (the one loaded is each process's own)."""
+        return isinstance(other, Portable) and self.__getstate__() == other.__getstate__()
+
+    def __hash__(self) -> int:
+        return hash(self._blob)
+
     def __call__(self, *args: Any) -> Any:
         if self._func is None:
             self._func = self._load()

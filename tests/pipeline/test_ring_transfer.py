@@ -252,15 +252,6 @@ def test_dali_reads_each_slot_in_place_only_while_it_holds_the_step(tmp_path, qu
         assert sorted(seen) == list(range(220))
 
 
-def test_a_step_is_held_for_dalis_queue_or_both_queues_where_they_differ():
-    from dali_shards.transfer.ring.transfer import feed_lifetime
-
-    assert [feed_lifetime(q) for q in (1, 2, 5)] == [1, 2, 5]
-    assert feed_lifetime({"cpu_size": 3, "gpu_size": 3}) == 3
-    assert feed_lifetime({"cpu_size": 2, "gpu_size": 3}) == 6
-    assert feed_lifetime({}) == 1  # (DALI refuses it, in its words)
-
-
 def test_fields_returned_as_they_are_are_copied_the_others_read_in_place(tmp_path):
     from nvidia.dali import fn, types
 

@@ -11,7 +11,9 @@ from dali_shards.errors import ConfigError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packing import Packing, table_place
+from dali_shards.shm.packing import Packing
+from dali_shards.transfer.merge.layout import table_place
+from dali_shards.worker.codec import SampleCodec
 from dali_shards.transfer.merge.source import MergeSource
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
@@ -62,7 +64,7 @@ def lengths_of(plan, positions):
 def emitted(spec, paths, v, resume_plan=None):
     """Per step, the (index, valid) of the samples worker ``v`` emits (epoch 0)."""
     packing = Packing(("txt", "__index__"), table=spec.py_num_workers > 1, payload="txt" if spec.py_num_workers > 1 else None)
-    stage = SampleStage(packing, bucket_by=Portable(lambda s: len(s["txt"]), "bucket_by"))
+    stage = SampleStage(SampleCodec(packing.requested), packing, bucket_by=Portable(lambda s: len(s["txt"]), "bucket_by"))
     rank, worker = divmod(v, spec.py_num_workers)
     config = WorkerConfig(mode=Planned(spec, resume_plan), urls=tuple(paths), byte_sizes=(), packing=packing, stage=stage,
                           rank=rank, worker=worker)  # fmt: skip

@@ -14,7 +14,9 @@ from dali_shards.catalog.scan import scan_shards
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packing import STATUS_SKIPPED, Packing, table_place
+from dali_shards.shm.packed import STATUS_SKIPPED
+from dali_shards.shm.packing import Packing
+from dali_shards.transfer.merge.layout import table_place
 from dali_shards.transfer.merge.source import MergeSource
 
 SIZES = (3, 5, 0, 4, 6, 2, 7, 1, 4, 5, 3, 8)

@@ -12,6 +12,8 @@ from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
 from dali_shards.testing.shards import npy, write_shards
 from dali_shards.shm.packing import Packing
+from dali_shards.worker.codec import SampleCodec
+from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.outputs import DALI_DTYPES
 
 
@@ -47,7 +49,7 @@ def check(error, key, url="shard-0.tar"):
 def test_a_worker_names_an_npy_field_dali_cannot_carry(array):
     packing = Packing(("npy", "cls"), table=True, arrays={"npy": ("float32", array.ndim)})
     with pytest.raises(ShardFormatError, match="cannot carry") as err:
-        packing.pack(sample(key="odd", npy=npy(array), cls=b"1"), 0)
+        SampleStage(SampleCodec(packing.requested), packing).pack(sample(key="odd", npy=npy(array), cls=b"1"), 0)
     check(err.value, "odd")
     assert str(array.dtype) in str(err.value)
 

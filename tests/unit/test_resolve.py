@@ -30,7 +30,7 @@ def test_one_picklable_worker_config_per_local_worker(shards):
         assert again.urls == tuple(shards) and again.spec == resolved.spec and again.on_error == "skip"
         assert again.packing.table and again.shuffle_buffer == 5
     assert resolved.spec.shard_sizes == (9, 0, 14, 1, 6) and resolved.spec.py_num_workers == 3
-    assert resolved.bytes_per_sample_hint > 0 and isinstance(resolved.mode, Planned)
+    assert resolved.sample_bytes > 0 and isinstance(resolved.mode, Planned)
 
 
 def test_a_resume_state_becomes_the_workers_first_plan(shards):

@@ -11,6 +11,7 @@ import pytest
 from dali_shards.errors import ConfigError, ShardFormatError, ShardMapError
 from dali_shards.tar.members import RawSample
 from dali_shards.shm.packing import Packing
+from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, classify, conform
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable
@@ -36,10 +37,15 @@ MEMBERS = dict(
 )  # fmt: skip
 
 
+def stage_with(packing, *args, **kw):
+    """The stage that reads the requested fields (images unchecked) and packs them into ``packing``."""
+    return SampleStage(SampleCodec(packing.requested, "off", packing.stream_starts), packing, *args, **kw)
+
+
 def stage_of(fields, mapper=None, decoders=None):
-    packing = Packing(fields, image_check="off")
-    return SampleStage(packing, Portable(mapper, "map") if mapper else None,
-                       {k: (None if v is None else Portable(v, "decoder")) for k, v in (decoders or {}).items()})  # fmt: skip
+    packing = Packing(fields)
+    return stage_with(packing, Portable(mapper, "map") if mapper else None,
+                      {k: (None if v is None else Portable(v, "decoder")) for k, v in (decoders or {}).items()})  # fmt: skip
 
 
 def test_every_builtin_decoder_gives_the_value_a_map_receives():
@@ -127,7 +133,7 @@ def test_big_endian_arrays_arrive_in_the_machines_byte_order():
 
 
 def test_map_failures_name_the_sample_and_what_went_wrong():
-    packing = Packing(("cls",), outputs=[OutputSpec("label", "int", "int64", 0)], image_check="off")
+    packing = Packing(("cls",), outputs=[OutputSpec("label", "int", "int64", 0)])
 
     def boom(s):
         return {"label": s["cls"] // 0}
@@ -137,7 +143,7 @@ def test_map_failures_name_the_sample_and_what_went_wrong():
              (lambda s: {"other": 1}, "returned no 'label' \\(it returned \\['other'\\]\\)"),
              (lambda s: {"label": "x"}, "output 'label' is a str")]  # fmt: skip
     for mapper, what in cases:
-        stage = SampleStage(packing, Portable(mapper, "map"))
+        stage = stage_with(packing, Portable(mapper, "map"))
         with pytest.raises(ShardMapError, match=what) as err:
             stage.pack(sample(key="k4", cls=b"1"), 0)
         assert err.value.key == "k4" and err.value.url == "shard-0.tar"
@@ -177,8 +183,8 @@ def test_json_boxes_to_arrays_round_trip_through_the_slots():
                 "labels": np.array([o["label"] for o in objs], np.int64)}  # fmt: skip
 
     for table in (False, True):
-        packing = Packing(("json",), outputs=specs, table=table, payload="boxes" if table else None, image_check="off")
-        stage = SampleStage(packing, Portable(to_arrays, "map"))
+        packing = Packing(("json",), outputs=specs, table=table, payload="boxes" if table else None)
+        stage = stage_with(packing, Portable(to_arrays, "map"))
         doc = {"objects": [{"box": [0.1, 0.2, 0.5, 0.6], "label": 3}, {"box": [0, 0, 1, 1], "label": 7}]}
         packed = stage.pack(sample(json=json.dumps(doc).encode()), 9)
         head = packed.header
@@ -202,7 +208,7 @@ def test_user_code_runs_with_rngs_seeded_per_sample_and_epoch():
 
     from dali_shards.worker.usercode import KeptRngs, sample_seed
 
-    stage = SampleStage(Packing(("cls",), outputs=[OutputSpec("r", "array", "float64", 1)], image_check="off"),
+    stage = stage_with(Packing(("cls",), outputs=[OutputSpec("r", "array", "float64", 1)]),
                         Portable(lambda s: {"r": np.array([random.random(), np.random.rand()])}, "map"), seed=3)  # fmt: skip
 
     def drawn(index, epoch):

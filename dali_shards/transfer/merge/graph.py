@@ -1,4 +1,5 @@
-"""DALI graph pieces: merging the workers' padded batches and unpacking the samples' fields.
+"""The merge transfer in DALI's graph: one parallel external source per worker (``merged_inputs``),
+their padded batches merged, and the samples' fields unpacked.
 
 The merge uses DALI's conditional split and merge operators directly, so it needs neither
 ``enable_conditionals`` nor AutoGraph (which would write a generated file per converted function);
@@ -7,7 +8,7 @@ the functions here are marked ``do_not_convert`` for pipelines whose user code d
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from nvidia.dali import fn
@@ -15,9 +16,10 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
 from nvidia.dali.types import DALIDataType, to_dali_type
 
-from dali_shards.shm.packing import Packing, table_place
-from dali_shards.worker.outputs import DALI_DTYPES
-from dali_shards.fields import FieldKind
+from dali_shards.shm.packing import Packing
+from dali_shards.transfer.merge.layout import table_place
+from dali_shards.transfer.merge.source import Carried, MergeSource
+from dali_shards.fields import DALI_DTYPES, FieldKind
 
 
 class SlotOwners:
@@ -79,7 +81,7 @@ def _cut(data: DataNode, offset: DataNode, length: DataNode | np.ndarray) -> Dat
     return fn.slice(data, offset, length, axes=[0], normalized_anchor=False, normalized_shape=False)
 
 
-# the dtypes an array may travel as: one list (``worker/outputs.py``), which the packing checks
+# the dtypes an array may travel as: one list (``fields.py``), which the packing checks
 _DALI_TYPES = {name: to_dali_type(name) for name in sorted(DALI_DTYPES)}
 
 
@@ -136,3 +138,16 @@ def assemble_fields(
     row = _cut(table, rows, np.array([packing.header_bytes], dtype=np.int32))
     header = fn.reinterpret(row, dtype=DALIDataType.INT64)
     return _fields(header, table, payload, packing), header[0:2]
+
+
+def merged_inputs(sources: Sequence[MergeSource], batch_size: int, worker_prefetch: int,
+                  hint: Optional[int]) -> Tuple[List[DataNode], DataNode]:  # fmt: skip
+    """The requested fields and the slots' status (``assemble_fields``) from one parallel external
+    source per worker (``sources``, in worker order), each keeping ``worker_prefetch`` batches ahead
+    in slots sized from ``hint``."""
+    outputs = [
+        fn.external_source(source=Carried(source), batch=True, parallel=True, cycle="raise",
+                           prefetch_queue_depth=worker_prefetch, bytes_per_sample_hint=hint)
+        for source in sources
+    ]  # fmt: skip
+    return assemble_fields(outputs, sources[0].config.packing, batch_size)

@@ -1,20 +1,67 @@
 """The merge transfer's external-source object for one local worker: DALI pickles (or forks) it into
-the worker process of its pool and iterates it there once per epoch; each batch is ``batch_size``
-arrays long, the same size as every other worker's batch, and only this worker's slice
-``[worker * mini_batch, (worker + 1) * mini_batch)`` holds its samples (its mini-batch), one padding
-slot its table (table packing, see ``shm/packing.py``), the other slots an empty dummy. A worker's
-error reaches the main process in DALI's text of it, as data (``errors.carry``). Imports no
-DALI."""
+the worker process of its pool and iterates it there once per epoch, epochs counted per process
+(``ProcessEpochs``); each batch is ``batch_size`` arrays long, the same size as every other
+worker's batch, laid out as ``layout.py`` says. A worker's error reaches the main process in
+DALI's text of it, as data (``errors.carry``). Imports no DALI."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+import os
+from typing import Any, Iterator, Optional, Tuple
 
 from dali_shards.errors import DaliShardsError, carry
 from dali_shards.shm.control import NO_STAMPS
+from dali_shards.transfer.merge.layout import worker_batch
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.worker.process import ProcessEpochs
+from dali_shards.worker.process import attach_stamps, entered_process
 from dali_shards.worker.sources import EpochSource, make_source
+
+
+class ProcessEpochs:
+    """Epoch counting for a worker source: DALI calls ``iter()`` once per epoch in the worker
+    process (and once in the main process when the pipeline is defined), so epochs count per
+    process from ``start_epoch``. Per-process state (names in ``_process_state``) is dropped
+    when pickled and reset in a new process.
+
+    A source records the process that builds it (``owner_pid``), the path of the pipeline's
+    control block (``control``, or None) and its local ``worker`` id (see ``init_process``). The
+    first ``iter()`` in another process makes it a worker (``worker.process.entered_process``),
+    stamping its progress in the control block (``stamps``)."""
+
+    start_epoch: int
+    worker: int
+    owner_pid: int
+    control: Optional[str] = None
+    stamps = NO_STAMPS
+    _process_state: Tuple[str, ...] = ()
+
+    def init_process(self, control: Optional[str]) -> None:
+        """Record the building process and the control block's path (call in ``__init__``)."""
+        self.owner_pid = os.getpid()
+        self.control = control
+
+    def next_epoch(self) -> int:
+        """The epoch the coming ``iter()`` starts."""
+        pid = os.getpid()
+        if getattr(self, "_pid", None) != pid:
+            self._pid, self._epoch = pid, self.start_epoch
+            for name in self._process_state:
+                setattr(self, name, None)
+            self.stamps = NO_STAMPS
+            if pid != self.owner_pid:
+                entered_process(self.owner_pid)
+                self.stamps = attach_stamps(self.control, self.worker)
+        else:
+            self._epoch += 1
+        return self._epoch
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pid"] = None
+        state.pop("stamps", None)
+        for name in self._process_state:
+            state[name] = None
+        return state
 
 
 class MergeSource(ProcessEpochs):
@@ -56,7 +103,7 @@ class PaddedBatches:
 
     def __next__(self) -> list:
         cfg, spec = self.config, self.config.spec
-        batch = cfg.packing.worker_batch(next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
+        batch = worker_batch(cfg.packing, next(self.mini), cfg.worker, spec.py_num_workers, spec.batch_size)
         self.stamps.waiting()
         return batch
 

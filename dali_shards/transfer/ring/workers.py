@@ -18,7 +18,6 @@ import os
 import time
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from dali_shards.errors import ConfigError
 from dali_shards.transfer.base import dead_of, kill_all, pids_of
 from dali_shards.transfer.ring.consumer import RingConsumer
 from dali_shards.transfer.ring.producer import RingProducer, Stopped
@@ -32,13 +31,14 @@ JOIN_S = 5.0  # how long stopped workers may take to end, all together, before t
 START_METHODS = ("fork", "spawn")
 
 
-def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, first_slot_bytes: int) -> None:
-    """A ring worker process's whole life (see the module)."""
+def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, first_slot_bytes: int, direct: bool) -> None:
+    """A ring worker process's whole life (see the module); ``direct``: its steps may take the fast
+    path (``worker/direct.py``)."""
     entered_process(owner_pid)
     producer = RingProducer(conn, depth, config.packing, first_slot_bytes)
     try:
         producer.stamps = attach_stamps(config.control, config.worker)
-        source = make_source(config, producer.stamps, direct=True)
+        source = make_source(config, producer.stamps, direct=direct)
         epoch = config.start_epoch
         while True:
             steps = 0
@@ -62,18 +62,17 @@ def run_worker(config: WorkerConfig, conn: Any, depth: int, owner_pid: int, firs
 
 class RingWorkers:
     """The worker processes of one pipeline's ring, one per local worker ``configs[w]``, and the
-    main process's consumer of each (``consumers``, in worker order)."""
+    main process's consumer of each (``consumers``, in worker order): ``depth`` slots each, the first
+    of ``first_slot_bytes``, started with ``start_method`` (one of ``START_METHODS``); ``direct``:
+    their steps may take the fast path."""
 
-    def __init__(self, configs: Sequence[WorkerConfig], depth: int, start_method: str, first_slot_bytes: int):
-        if start_method not in START_METHODS:
-            raise ConfigError(
-                f"py_start_method={start_method!r}: the ring's worker processes start with one of {START_METHODS} "
-                "(they are bound to end with the process that starts them)"
-            )
+    def __init__(self, configs: Sequence[WorkerConfig], depth: int, start_method: str, first_slot_bytes: int,
+                 direct: bool):  # fmt: skip
         self.configs = list(configs)
         self.depth = depth
         self.start_method = start_method
         self.first_slot_bytes = first_slot_bytes
+        self.direct = direct
         self.processes: List[Any] = []
         self.consumers: List[RingConsumer] = []
         self.owner_pid = os.getpid()
@@ -101,7 +100,7 @@ class RingWorkers:
                 try:
                     process = ctx.Process(  # type: ignore[attr-defined]  # typeshed's BaseContext has no Process
                         target=run_worker,
-                        args=(config, there, self.depth, os.getpid(), self.first_slot_bytes),
+                        args=(config, there, self.depth, os.getpid(), self.first_slot_bytes, self.direct),
                         name=f"dali-shards-worker-{config.rank}.{config.worker}",
                     )
                     process.start()

@@ -17,6 +17,7 @@ pytest.importorskip("jax")
 ocp = pytest.importorskip("orbax.checkpoint")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 SIZES = (11, 0, 14, 9, 13)  # 47 photos
 TOTAL = sum(SIZES)
 
@@ -32,6 +33,7 @@ def run(tmp_path_factory, make_shards):
     out, data = tmp_path_factory.mktemp("jax_run"), tmp_path_factory.mktemp("jax_data")
     make_shards(SIZES, folder=data)
     port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)  # this tree's package
     env.pop("WORLD_SIZE", None), env.pop("RANK", None)
     cmd = [sys.executable, os.path.join(HERE, "jax_job.py"), str(out), str(data), str(port)]
     procs = [subprocess.Popen([*cmd, str(i), "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import jax
 from nvidia.dali.pipeline import Pipeline
@@ -28,7 +28,8 @@ class DALIShardedIterator:
     from each name of ``output_map`` (one per output of the pipeline function, in order) to a global
     ``jax.Array`` of ``batch_size * world_size`` rows, split over the devices as ``sharding`` says
     (a ``NamedSharding`` over a ``Mesh`` of every process's devices, the batch along the first axis
-    of its ``PartitionSpec``; by default every device's share along one axis ``"data"``). Each
+    of its ``PartitionSpec``; by default every device's share along one axis ``"data"``), or a dict
+    giving some outputs a sharding of their own (the others, and the mask, under the default). Each
     process feeds its own devices, from its own pipeline: one per JAX process, rank
     ``jax.process_index()`` of ``jax.process_count()`` (the pipeline's default after
     ``jax.distributed.initialize()``).
@@ -61,7 +62,7 @@ class DALIShardedIterator:
         pipeline: Pipeline,
         output_map: Sequence[str],
         *,
-        sharding: Optional[jax.sharding.Sharding] = None,
+        sharding: Union[None, jax.sharding.Sharding, Mapping[str, jax.sharding.Sharding]] = None,
         pad_to: Optional[Mapping[str, Sequence[int]]] = None,
         mask_name: str = "valid",
         audit: bool = False,
@@ -76,14 +77,20 @@ class DALIShardedIterator:
             raise ConfigError(f"mask_name {mask_name!r} clashes with an output name; choose another")
         check_device(pipeline)
         self.mask_name = mask_name
-        self._global = GlobalBatch(sharding, info.spec.batch_size, info.spec.world_size, info.rank)
+        batch_names = [*names, *(n + SHAPE_SUFFIX for n in bounds), mask_name]
+        self._global = GlobalBatch(sharding, info.spec.batch_size, info.spec.world_size, info.rank, batch_names)
         with quiet_fork():
             self._session = RunSession(pipeline, names, JaxFeed(bounds, prepare_first_batch), JaxRanks(), audit=audit)
 
     @property
     def sharding(self) -> jax.sharding.NamedSharding:
-        """The sharding of the batch (the outputs with fewer axes than its spec: their first alone)."""
+        """The sharding of the batch (of the outputs ``sharding`` gave none of their own; those with
+        fewer axes than its spec: their first alone)."""
         return self._global.sharding
+
+    def sharding_of(self, name: str, ndim: int) -> jax.sharding.NamedSharding:
+        """The sharding of output ``name`` (of ``ndim`` axes) in every batch."""
+        return self._global.sharding_for(name, ndim)
 
     @property
     def info(self) -> ShardedPipelineInfo:

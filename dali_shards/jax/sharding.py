@@ -6,7 +6,7 @@ the processes, their devices and the batch, each a ``ConfigError`` saying what t
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple, Union
 
 import jax
 import numpy as np
@@ -29,21 +29,19 @@ def batch_axes(spec: PartitionSpec) -> Tuple[str, ...]:
     return tuple(first) if isinstance(first, (tuple, list)) else (first,)
 
 
+Shardings = Union[None, NamedSharding, Mapping[str, NamedSharding]]
+
+
 class GlobalBatch:
     """How a rank's batch of ``batch_size`` samples becomes its part of the global batch of
-    ``batch_size * world_size`` under ``sharding``; refuses (``ConfigError``) a sharding that is not
-    a ``NamedSharding``, a pipeline made for another rank or world than this JAX process's, a mesh
-    that is not over the processes' devices, and a batch the mesh cannot split into a part per
-    process of ``batch_size`` rows."""
+    ``batch_size * world_size`` under ``sharding``: one ``NamedSharding`` for every output, or a
+    dict from output names (of ``names``) to each one's, the others (the mask too) under the default
+    (every device along one axis ``"data"``). Refuses (``ConfigError``) a sharding that is not a
+    ``NamedSharding``, a name that is no output, a pipeline made for another rank or world than this
+    JAX process's, a mesh that is not over the processes' devices, and a batch a mesh cannot split
+    into a part per process of ``batch_size`` rows."""
 
-    def __init__(self, sharding: Optional[Any], batch_size: int, world_size: int, rank: int) -> None:
-        if sharding is None:
-            sharding = default_sharding()
-        if not isinstance(sharding, NamedSharding):
-            raise ConfigError(
-                f"sharding must be a jax.sharding.NamedSharding over a Mesh, got {type(sharding).__name__}: e.g. "
-                "NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data')) (the default)"
-            )
+    def __init__(self, sharding: Shardings, batch_size: int, world_size: int, rank: int, names: Sequence[str] = ()) -> None:
         processes, index = jax.process_count(), jax.process_index()
         if (world_size, rank) != (processes, index):
             raise ConfigError(
@@ -51,21 +49,35 @@ class GlobalBatch:
                 f"{processes}: one pipeline per JAX process, made after jax.distributed.initialize() (its rank and "
                 "world size then come from JAX), or with rank=jax.process_index(), world_size=jax.process_count()"
             )
-        self.sharding, self.batch_size, self.world_size = sharding, batch_size, world_size
-        self.rows = batch_size * world_size
-        _check_mesh(sharding.mesh.devices, processes)
-        _check_split(sharding, self.rows, batch_size, processes)
-        self._by_ndim: Dict[int, NamedSharding] = {}
+        self.batch_size, self.world_size, self.rows = batch_size, world_size, batch_size * world_size
+        given = dict(sharding) if isinstance(sharding, Mapping) else {}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ConfigError(f"sharding names {unknown}, which are not outputs of the iterator ({list(names)})")
+        self.sharding = default_sharding() if isinstance(sharding, Mapping) or sharding is None else sharding
+        self.per_output: Dict[str, NamedSharding] = given
+        for name, each in [("", self.sharding), *given.items()]:
+            self._check(each, name, processes)
+        self._made: Dict[Tuple[str, int], NamedSharding] = {}
 
-    def sharding_for(self, ndim: int) -> NamedSharding:
-        """The sharding of an output of ``ndim`` axes: the one given, or for an output of fewer axes
-        than its ``PartitionSpec`` names (labels, the mask), the batch axis alone."""
-        found = self._by_ndim.get(ndim)
+    def _check(self, sharding: Any, name: str, processes: int) -> None:
+        which = f"sharding[{name!r}]" if name else "sharding"
+        if not isinstance(sharding, NamedSharding):
+            raise ConfigError(
+                f"{which} must be a jax.sharding.NamedSharding over a Mesh, got {type(sharding).__name__}: e.g. "
+                "NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data')) (the default)"
+            )
+        _check_mesh(sharding.mesh.devices, processes, which)
+        _check_split(sharding, self.rows, self.batch_size, processes, which)
+
+    def sharding_for(self, name: str, ndim: int) -> NamedSharding:
+        """The sharding of output ``name`` of ``ndim`` axes: its own or the default; for an output of
+        fewer axes than its ``PartitionSpec`` names (labels, the mask), the batch axis alone."""
+        found = self._made.get((name, ndim))
         if found is None:
-            spec = self.sharding.spec
-            if ndim < len(spec):
-                spec = PartitionSpec(spec[0])
-            found = self._by_ndim[ndim] = NamedSharding(self.sharding.mesh, spec)
+            given = self.per_output.get(name, self.sharding)
+            spec = given.spec if ndim >= len(given.spec) else PartitionSpec(given.spec[0])
+            found = self._made[(name, ndim)] = NamedSharding(given.mesh, spec)
         return found
 
     def assemble(self, local: Mapping[str, Any]) -> Dict[str, jax.Array]:
@@ -74,27 +86,27 @@ class GlobalBatch:
         out = {}
         for name, value in local.items():
             shape = (self.rows, *value.shape[1:])
-            out[name] = jax.make_array_from_process_local_data(self.sharding_for(value.ndim), value, shape)
+            out[name] = jax.make_array_from_process_local_data(self.sharding_for(name, value.ndim), value, shape)
         return out
 
 
-def _check_mesh(devices: Any, processes: int) -> None:
+def _check_mesh(devices: Any, processes: int, which: str) -> None:
     owners = sorted({int(d.process_index) for d in np.asarray(devices).flat})
     if owners != list(range(processes)):
         raise ConfigError(
-            f"the sharding's mesh holds devices of JAX processes {owners}, but every one of the {processes} processes "
+            f"{which}'s mesh holds devices of JAX processes {owners}, but every one of the {processes} processes "
             "feeds its part of the batch: build the mesh over jax.devices() (every process's devices), not "
             "jax.local_devices() or a subset"
         )
 
 
-def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes: int) -> None:
+def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes: int, which: str) -> None:
     axes = batch_axes(sharding.spec)
     parts = int(np.prod([sharding.mesh.shape[a] for a in axes])) if axes else 1
     if rows % parts:
         raise ConfigError(
             f"the global batch of {rows} samples ({processes} process(es) x batch_size {batch_size}) cannot be split "
-            f"into the {parts} parts the mesh axes {list(axes)} make: choose a batch_size whose total over the "
+            f"into the {parts} parts the mesh axes {list(axes)} of {which} make: choose a batch_size whose total over the "
             f"processes is a multiple of {parts}"
         )
     held: Dict[int, Set[int]] = {}
@@ -103,7 +115,7 @@ def _check_split(sharding: NamedSharding, rows: int, batch_size: int, processes:
     counts = {p: len(r) for p, r in sorted(held.items())}
     if any(n != batch_size for n in counts.values()) or sum(counts.values()) != rows:
         raise ConfigError(
-            f"under this sharding the processes hold {_described(counts)} of the {rows} rows of the global batch, but "
+            f"under {which} the processes hold {_described(counts)} of the {rows} rows of the global batch, but "
             f"each process's pipeline delivers {batch_size} distinct samples: split the batch axis (the first entry of "
             "the PartitionSpec) over mesh axes that separate the processes, e.g. a mesh over jax.devices() with "
             "PartitionSpec('data')"

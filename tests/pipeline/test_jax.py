@@ -142,6 +142,17 @@ def test_what_jax_cannot_take_is_a_config_error_saying_what_to_do(photos):
     assert loader(factory(), sharding=replicated).sharding is replicated  # one process: every device holds all
 
 
+def test_each_output_may_have_its_own_sharding(photos):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    with pytest.raises(ConfigError, match=r"sharding names \['label'\], which are not outputs"):
+        loader(decoding(photos)(), sharding={"label": NamedSharding(mesh, PartitionSpec())})
+    it = loader(decoding(photos)(), sharding={"index": NamedSharding(mesh, PartitionSpec())})  # index: on every device
+    batch = next(it)
+    assert [s.data.shape for s in batch["index"].addressable_shards] == [(8,)] * 2
+    assert [s.data.shape for s in batch["image"].addressable_shards] == [(4, 16, 16, 3)] * 2  # the default: split
+    assert batch["valid"].sharding.spec == PartitionSpec("data") and it.sharding_of("index", 1).spec == PartitionSpec()
+
+
 def test_a_sample_beyond_its_bound_or_a_shape_that_changes_is_a_ragged_output_error(photos):
     with pytest.raises(RaggedOutputError, match=r"beyond its bound pad_to\['key'\] = \(3,\): raise the bound"):
         list(DALIShardedIterator(decoding(photos)(), ["image", "index", "key"], pad_to={"key": (3,)}))

@@ -30,7 +30,7 @@ import optax
 import orbax.checkpoint as ocp
 from nvidia.dali import fn, types
 
-from dali_shards import decode_image, pipeline_info, sharded_pipeline
+from dali_shards import decode_image, sharded_pipeline
 from dali_shards.jax import CheckpointRestore, CheckpointSave, DALIShardedIterator
 from dali_shards.sample_data import write_sample_shards
 
@@ -139,42 +139,68 @@ def train_epoch(loader, steps, state, train_step):
     return params, opt_state, int(images), float(loss_sum), time.perf_counter() - start, wait
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def evaluate(loader, params, eval_step, expected: int, epoch: int):
+    """(correct, images) over the validation set: every image once, or SystemExit."""
+    correct = seen = 0
+    for batch in loader:
+        hits, count = eval_step(params, batch)
+        correct, seen = correct + int(hits), seen + int(count)
+    if seen != expected:
+        raise SystemExit(f"epoch {epoch}: validation saw {seen} images, not {expected}")
+    return correct, seen
+
+
+def report(args, result: dict) -> None:
+    """The epoch's line, and its JSON line in OUT_DIR/train_log.jsonl (the first process's)."""
+    once = "not audited (epoch cut short)" if result["exactly_once"] is None else "exactly once"
+    print(f"epoch {result['epoch']}: loss {result['train_loss']:.3f}, top-1 {100 * result['top1']:.2f}% on "
+          f"{result['val_images']}/{result['val_images_expected']} validation images, {result['train_images']} training "
+          f"images {once}, {result['images_per_s']:.0f} images/s, waiting for data "
+          f"{100 * result['data_wait_fraction']:.0f}% of the time")  # fmt: skip
+    with open(os.path.join(args.out_dir, "train_log.jsonl"), "a") as log:
+        log.write(json.dumps(result) + "\n")
+
+
+def setup(args):
+    """The data (the built-in photos by default), the loaders, the model's state (restored from the
+    latest checkpoint with --resume) and the checkpoint manager."""
     if args.coordinator:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
     device_id = gpus[0].local_hardware_id if gpus else None  # DALI decodes on the GPU JAX computes on
     args.batch_size = args.batch_size or (256 if gpus else 8)
     args.image_size = args.image_size or (128 if gpus else 32)
-    tmp = None
     if args.data is None:  # the built-in photos, written into shards in every process
-        tmp = tempfile.TemporaryDirectory(prefix="dali-shards-jax-train-")
-        args.data = write_sample_shards(tmp.name, shard_sizes=(11, 0, 17, 3, 16), prefix="train")
+        args.tmp = tempfile.TemporaryDirectory(prefix="dali-shards-jax-train-")
+        args.data = write_sample_shards(args.tmp.name, shard_sizes=(11, 0, 17, 3, 16), prefix="train")
         args.val_data = args.val_data or args.data
     if args.val_data is None:
         raise SystemExit("--val-data is required with --data")
-
     train_pipe, val_pipe = build_pipelines(args, device_id)
     train_loader = DALIShardedIterator(train_pipe, ["images", "labels"], audit=True)  # global arrays + "valid"
     val_loader = DALIShardedIterator(val_pipe, ["images", "labels"])
-    optimizer = optax.adam(args.lr)
     params = init_params(jax.random.PRNGKey(args.seed), args.image_size**2 * 3, args.hidden, args.num_classes)
     replicated = train_loader.sharding.update(spec=jax.sharding.PartitionSpec())  # on every device of the mesh
-    state = jax.device_put((params, optimizer.init(params)), replicated)
+    state = jax.device_put((params, args.optimizer.init(params)), replicated)
     manager = ocp.CheckpointManager(os.path.abspath(args.checkpoint)) if args.checkpoint else None
     if args.resume and manager is not None and manager.latest_step() is not None:
         restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
             model=ocp.args.StandardRestore(state), loader=CheckpointRestore(train_loader)))  # fmt: skip
         state = restored["model"]
-    train_step, eval_step = make_steps(optimizer)
+    return train_loader, val_loader, state, manager
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.optimizer, args.tmp = optax.adam(args.lr), None
+    train_loader, val_loader, state, manager = setup(args)
+    train_step, eval_step = make_steps(args.optimizer)
     lead = jax.process_index() == 0
-    info, val_info = pipeline_info(train_pipe), pipeline_info(val_pipe)
-    steps = min(len(train_loader), args.steps_per_epoch or len(train_loader))
+    info, val_info = train_loader.info, val_loader.info
     if lead:
         print(f"MLP on {jax.devices()[0].platform} ({jax.device_count()} device(s), {jax.process_count()} process(es) x "
               f"{args.workers} workers), global batch {args.batch_size * jax.process_count()}, {info.spec.num_samples} "
-              f"training / {val_info.spec.num_samples} validation images, {steps} steps per epoch")  # fmt: skip
+              f"training / {val_info.spec.num_samples} validation images, {len(train_loader)} steps per epoch")  # fmt: skip
         os.makedirs(args.out_dir, exist_ok=True)
     result: dict = {}
     for epoch in range(train_loader.epoch, args.epochs):  # a resumed loader knows its epoch
@@ -183,30 +209,19 @@ def main(argv=None) -> dict:
         audit = train_loader.audits[-1] if train_loader.audits and train_loader.audits[-1]["epoch"] == epoch else None
         if audit is not None and not audit["exactly_once"]:
             raise SystemExit(f"epoch {epoch}: training did not see every image exactly once: {audit}")
-        correct = seen = 0
-        for batch in val_loader:
-            hits, count = eval_step(state[0], batch)
-            correct, seen = correct + int(hits), seen + int(count)
-        if seen != val_info.spec.num_samples:
-            raise SystemExit(f"epoch {epoch}: validation saw {seen} images, not {val_info.spec.num_samples}")
+        correct, seen = evaluate(val_loader, state[0], eval_step, val_info.spec.num_samples, epoch)
         result = {"epoch": epoch, "train_loss": loss_sum / max(images, 1), "top1": correct / max(seen, 1),
                   "val_images": seen, "val_images_expected": val_info.spec.num_samples, "train_images": images,
                   "exactly_once": None if audit is None else bool(audit["exactly_once"]), "steps": steps,
                   "images_per_s": images / seconds, "data_wait_fraction": wait / seconds, "seconds": seconds}  # fmt: skip
         if lead:
-            once = "not audited (epoch cut short)" if audit is None else "exactly once"
-            print(f"epoch {epoch}: loss {result['train_loss']:.3f}, top-1 {100 * result['top1']:.2f}% on {seen}/"
-                  f"{result['val_images_expected']} validation images, {images} training images {once}, "
-                  f"{result['images_per_s']:.0f} images/s, waiting for data {100 * result['data_wait_fraction']:.0f}% "
-                  "of the time")  # fmt: skip
-            with open(os.path.join(args.out_dir, "train_log.jsonl"), "a") as log:
-                log.write(json.dumps(result) + "\n")
+            report(args, result)
         if manager is not None:  # every process saves its part (the loader's place: dali_shards.jax.CheckpointSave)
             manager.save(epoch, args=ocp.args.Composite(model=ocp.args.StandardSave(state), loader=CheckpointSave(train_loader)))
     if manager is not None:
         manager.wait_until_finished()
-    if tmp is not None:
-        tmp.cleanup()
+    if args.tmp is not None:
+        args.tmp.cleanup()
     return result
 
 

@@ -266,6 +266,17 @@ def test_throughput_benchmark_runs(tmp_path):
     assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 
+def test_jax_throughput_benchmark_runs(tmp_path):
+    pytest.importorskip("jax")
+    result = tmp_path / "jax.json"
+    out = run([sys.executable, "benchmarks/jax_throughput.py", "--samples", "256", "--batch-size", "32", "--rounds", "1",
+               "--epochs", "1", "--mode", "decode", "--data-dir", str(tmp_path / "data"), "--out", str(result)], 600)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(result.read_text())
+    assert set(report["results"]) == {"pytorch", "jax"} and all(r["samples_per_s"] > 0 for r in report["results"].values())
+    assert report["ratios"]["jax_vs_pytorch"] > 0 and "| jax |" in (tmp_path / "jax.md").read_text()
+
+
 def test_shuffle_quality_benchmark_runs(tmp_path):
     out = run([sys.executable, "benchmarks/shuffle_quality.py", "--classes", "40", "--per-class", "50",
                "--shard-size", "100", "--ranks", "1,2", "--workers", "2", "--batches", "8", "--steps", "4",

@@ -29,7 +29,7 @@ def batch_axes(spec: PartitionSpec) -> Tuple[str, ...]:
     return tuple(first) if isinstance(first, (tuple, list)) else (first,)
 
 
-Shardings = Union[None, NamedSharding, Mapping[str, NamedSharding]]
+Shardings = Union[None, jax.sharding.Sharding, Mapping[str, jax.sharding.Sharding]]  # NamedShardings: checked
 
 
 class GlobalBatch:
@@ -54,13 +54,12 @@ class GlobalBatch:
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise ConfigError(f"sharding names {unknown}, which are not outputs of the iterator ({list(names)})")
-        self.sharding = default_sharding() if isinstance(sharding, Mapping) or sharding is None else sharding
-        self.per_output: Dict[str, NamedSharding] = given
-        for name, each in [("", self.sharding), *given.items()]:
-            self._check(each, name, processes)
+        default = default_sharding() if isinstance(sharding, Mapping) or sharding is None else sharding
+        self.sharding = self._checked(default, "", processes)
+        self.per_output = {name: self._checked(each, name, processes) for name, each in given.items()}
         self._made: Dict[Tuple[str, int], NamedSharding] = {}
 
-    def _check(self, sharding: Any, name: str, processes: int) -> None:
+    def _checked(self, sharding: Any, name: str, processes: int) -> NamedSharding:
         which = f"sharding[{name!r}]" if name else "sharding"
         if not isinstance(sharding, NamedSharding):
             raise ConfigError(
@@ -69,6 +68,7 @@ class GlobalBatch:
             )
         _check_mesh(sharding.mesh.devices, processes, which)
         _check_split(sharding, self.rows, self.batch_size, processes, which)
+        return sharding
 
     def sharding_for(self, name: str, ndim: int) -> NamedSharding:
         """The sharding of output ``name`` of ``ndim`` axes: its own or the default; for an output of

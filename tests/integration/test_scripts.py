@@ -360,9 +360,9 @@ def test_worker_cost_stages_name_modules_that_exist(monkeypatch):
         assert os.path.exists(os.path.join(ROOT, "dali_shards", suffix)), suffix
     package = os.path.join(ROOT, "dali_shards")
     assert worker_cost.stage_of(os.path.join(package, "tar", "blocks.py"), "parse_round") == "parse"
-    assert worker_cost.stage_of(os.path.join(package, "worker", "located.py"), "locate") == "parse"
+    assert worker_cost.stage_of(os.path.join(package, "worker", "located.py"), "located_fields") == "parse"
     assert worker_cost.stage_of(os.path.join(package, "worker", "imagecheck.py"), "_jpegs_ok") == "check"
-    assert worker_cost.stage_of(os.path.join(package, "shm", "packing.py"), "pack") == "pack"
-    assert worker_cost.stage_of(os.path.join(package, "shm", "tables.py"), "write") == "hand-over"
+    assert worker_cost.stage_of(os.path.join(package, "ipc", "packing.py"), "pack") == "pack"
+    assert worker_cost.stage_of(os.path.join(package, "ipc", "tables.py"), "write") == "hand-over"
     assert worker_cost.stage_of("~", "<built-in method posix.preadv>") == "read"
     assert worker_cost.stage_of(os.path.join(package, "worker", "direct.py"), "__next__") == "plan and order"

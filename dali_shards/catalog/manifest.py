@@ -38,7 +38,7 @@ import json
 import logging
 import os
 import posixpath
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -211,11 +211,13 @@ def sample_blocks(offsets: np.ndarray) -> str:
 
 
 def write_manifest(
-    path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE, version: int = MANIFEST_VERSION
+    path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE, version: int = MANIFEST_VERSION,
+    records: Optional[Iterable[bytes]] = None,
 ) -> None:
     """Write a manifest (a local path or a URL) and, for version 3, its sample table beside it;
     shards under its directory are stored relative to it. ``version=2`` writes every sample's
-    offsets inline instead (for readers of the release before)."""
+    offsets inline instead (for readers of the release before). ``records`` (version 3): the
+    shards' sample-table records, in order, streamed into the table (else made from ``shards``)."""
     if version not in (2, MANIFEST_VERSION):
         raise ConfigError(f"manifest version {version} cannot be written (2 or {MANIFEST_VERSION})")
     remote = is_remote(path)
@@ -244,8 +246,9 @@ def write_manifest(
     doc: Dict[str, object] = {"format": MANIFEST_FORMAT, "version": version, "shards": entries}
     if version >= 3:
         table = table_path(path)
-        records = records_of(shards, config)  # every record read before the table is replaced
-        _write_remote(path, lambda: write_table(table, records, config)) if remote else write_table(table, records, config)
+        # every record read before the table is replaced, unless given (from elsewhere)
+        rows = records_of(shards, config) if records is None else records
+        _write_remote(path, lambda: write_table(table, rows, config)) if remote else write_table(table, rows, config)
         doc = {**doc, "sample_table": table.rsplit("/", 1)[-1] if remote else os.path.basename(table)}
     if remote:
         fs, inner = filesystem(path, config)

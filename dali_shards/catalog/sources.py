@@ -47,10 +47,9 @@ from dali_shards.catalog.table import check_tables
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
-from dali_shards.options import OnError, option_default
+from dali_shards.options import OnError, StaleManifest, enum_option, option_default
 
 log = logging.getLogger("dali_shards")
-STALE_MANIFEST = ("raise", "rescan")
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
@@ -97,10 +96,10 @@ def expand_pattern(pattern: str, config: StorageOptions = DEFAULT_STORAGE) -> Li
 
 def resolve_source(
     source: Source,
-    on_error: str = option_default("on_error"),
+    on_error: OnError | str = option_default("on_error"),
     config: StorageOptions = DEFAULT_STORAGE,
     counts: bool = True,
-    stale_manifest: str = option_default("stale_manifest"),
+    stale_manifest: StaleManifest | str = option_default("stale_manifest"),
 ) -> List[ShardInfo]:
     """The shards of ``source`` with their sample counts (a manifest, else a header scan of local
     shards; with ``on_error="skip"`` damaged or missing local shards count what can be read).
@@ -109,8 +108,8 @@ def resolve_source(
     listed twice is a ConfigError, and so are counts a manifest gives that the shard cannot hold
     (whatever ``on_error``); a local shard whose size is not its manifest's a ShardFormatError, or
     (``stale_manifest="rescan"``) counted again."""
-    if stale_manifest not in STALE_MANIFEST:
-        raise ConfigError(f"stale_manifest must be one of {STALE_MANIFEST}, got {stale_manifest!r}")
+    on_error = enum_option(OnError, "on_error", on_error)
+    stale = enum_option(StaleManifest, "stale_manifest", stale_manifest)
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not items:
         raise ConfigError("source is empty: give a shard pattern, a list of shards or a manifest")
@@ -146,7 +145,7 @@ def resolve_source(
             shards.append(ShardInfo(url, -1))
     _refuse_duplicates(shards, origins)
     given = list(shards)  # as the manifests give them (those counted again need no check)
-    _check_manifested(shards, manifested, origins, stale_manifest, on_error, config)
+    _check_manifested(shards, manifested, origins, stale, on_error, config)
     for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error, config=config)):
         shards[slot] = info
     beside = _count_remote(shards, remote, origins, config, counts) if remote else []
@@ -206,8 +205,8 @@ def _check_manifested(
     shards: List[ShardInfo],
     slots: Sequence[int],
     origins: Sequence[str],
-    stale: str,
-    on_error: str,
+    stale: StaleManifest,
+    on_error: OnError,
     config: StorageOptions,
 ) -> None:
     """Compare the local shards listed by manifests with their recorded ``bytes`` (a stat each):
@@ -219,7 +218,7 @@ def _check_manifested(
         actual = None if info.bytes is None else local_file_size(info.url)  # None: remote, or met when opened
         if actual is None or actual == info.bytes:
             continue
-        if stale == "rescan":
+        if stale is StaleManifest.RESCAN:
             changed.append(slot)
             continue
         assert info.bytes is not None  # else actual is None
@@ -231,7 +230,7 @@ def _check_manifested(
             hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
             'stale_manifest="rescan" to count changed shards again at every start',
         )
-        if OnError(on_error) is OnError.RAISE:
+        if on_error is OnError.RAISE:
             raise error
         log.warning("dali_shards: %s; its samples will be skipped", error)
     for slot, info in zip(changed, scan_shards([shards[s].url for s in changed], on_error=on_error, config=config)):

@@ -13,7 +13,7 @@ near every epoch's end. Instead:
   (``carried`` steps): those are read with it, while the epoch is still read (the next epoch's
   *opening* group), and the next epoch's phase is where that group ends (``next_phase``): groups
   follow one another across epochs as within one, every one of ``g`` steps;
-- a worker prepares its next epoch (plans it and reads its opening group: ``WorkerSource.prepare``)
+- a worker prepares its next epoch (plans it and reads its opening group: ``PlannedWorkerSource.prepare``)
   at the step its last group begins (``last_start``), or, where its steps are not grouped, at step
   ``worker * steps // workers`` (``prepare_step``).
 

@@ -17,7 +17,7 @@ from dali_shards.errors import ShardAccessError
 from dali_shards.io.positioned import LocalFiles
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
-from dali_shards.shm.tables import as_table
+from dali_shards.ipc.tables import as_table
 from dali_shards.transfer.ring.assemble import assemble
 from dali_shards.transfer.ring.consumer import MiniBatch
 from dali_shards.worker import grouped, stagger

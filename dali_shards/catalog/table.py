@@ -107,9 +107,17 @@ class SampleTables:
     _loaded: "OrderedDict[int, Tuple[Optional[np.ndarray], np.ndarray]]" = field(default_factory=OrderedDict, repr=False)
     _bytes: int = 0
 
+    source: Any = field(default=None, repr=False)  # the catalog these are columns of (a mapped one travels as its path)
+
     @classmethod
     def of(cls, shards: Sequence[Any], storage: StorageOptions) -> "SampleTables":
-        """The tables of ``shards`` (``ShardInfo``s: ``table`` and ``table_at`` where in one)."""
+        """The tables of ``shards``: a ``Catalog`` (its columns), or ``ShardInfo``s (``table`` and
+        ``table_at`` where in one)."""
+        if hasattr(shards, "columns"):
+            cols = shards.columns  # type: ignore[attr-defined]
+            mapped = shards if getattr(shards, "path", None) is not None else None
+            return cls(tuple(shards.tables), cols["table"], cols["table_at"], cols["spans"], cols["keys"], storage,  # type: ignore[attr-defined]
+                       source=mapped)  # fmt: skip
         urls: Dict[str, int] = {}
         table = np.full(len(shards), -1, np.int32)
         at = np.zeros(len(shards), np.int64)
@@ -121,7 +129,16 @@ class SampleTables:
         return cls(tuple(urls), table, at, spans, keys, storage)
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {**self.__dict__, "_loaded": OrderedDict(), "_bytes": 0}  # a worker loads its own
+        state = {**self.__dict__, "_loaded": OrderedDict(), "_bytes": 0}  # a worker loads its own
+        if self.source is not None:  # a mapped catalog's columns: mapped again there
+            state.update(table=None, at=None, spans=None, keys=None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.table is None:
+            cols = self.source.columns
+            self.table, self.at, self.spans, self.keys = cols["table"], cols["table_at"], cols["spans"], cols["keys"]
 
     def has(self, shard: int) -> bool:
         return bool(len(self.table)) and self.table[shard] >= 0
@@ -178,13 +195,21 @@ def read_range(table: str, lo: int, hi: int, config: StorageOptions, shard: str)
                                hint="check that the manifest's .samples file sits beside it") from None  # fmt: skip
 
 
-def check_tables(shards: Sequence[Any], config: StorageOptions = DEFAULT_STORAGE) -> None:
-    """A ConfigError unless every sample table ``shards`` point at holds their records: its size,
-    from the file system or one request (records are checked again as workers read them)."""
+def check_tables(shards: Any, config: StorageOptions = DEFAULT_STORAGE) -> None:
+    """A ConfigError unless every sample table ``shards`` (a ``Catalog``, or ``ShardInfo``s) point
+    at holds their records: its size, from the file system or one request (records are checked again
+    as workers read them)."""
     ends: Dict[str, int] = {}
-    for s in shards:
-        if s.table is not None:
-            ends[s.table] = max(ends.get(s.table, 0), s.table_at + int(record_bytes(s.samples)))
+    if hasattr(shards, "columns"):  # a catalog: its columns at once
+        cols = shards.columns
+        tabled = np.flatnonzero(cols["table"] >= 0)
+        stops = cols["table_at"][tabled] + record_bytes(cols["samples"][tabled])
+        for t in np.unique(cols["table"][tabled]).tolist():
+            ends[shards.tables[t]] = int(stops[cols["table"][tabled] == t].max())
+    else:
+        for s in shards:
+            if s.table is not None:
+                ends[s.table] = max(ends.get(s.table, 0), s.table_at + int(record_bytes(s.samples)))
     for table, end in ends.items():
         size = _size(table, config)
         if size is not None and size >= end:

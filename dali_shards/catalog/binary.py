@@ -45,16 +45,23 @@ def write_binary(manifest: str, text: bytes, entries: Sequence[Mapping[str, Any]
     """Write the columns of a version-3 manifest whose JSON is ``text`` (its ``entries``, its
     sample table's name) beside it."""
     exts, matrix, known = ext_matrix([e.get("ext_bytes") for e in entries])
-    names = StringTable.of(str(e["url"]) for e in entries)
+    fields = Fields(
+        StringTable.of(str(e["url"]) for e in entries), np.array([e["samples"] for e in entries], np.int64),
+        np.array([e.get("bytes", -1) for e in entries], np.int64), exts, matrix, known,
+        np.array([e.get("spans", True) is not False for e in entries], bool),
+        np.array([e.get("keys", True) is not False for e in entries], bool),
+    )  # fmt: skip
+    write_fields(manifest, text, fields, table, config)
+
+
+def write_fields(manifest: str, text: bytes, fields: Fields, table: str, config: StorageOptions) -> None:
+    """Write the columns of a version-3 manifest whose JSON is ``text`` from its entries' ``fields``."""
     arrays = {
-        "names_data": names.data, "names_ends": names.ends,
-        "samples": np.array([e["samples"] for e in entries], np.int64),
-        "bytes": np.array([e.get("bytes", -1) for e in entries], np.int64),
-        "ext_bytes": matrix, "has_ext": known,
-        "spans": np.array([e.get("spans", True) is not False for e in entries], bool),
-        "keys": np.array([e.get("keys", True) is not False for e in entries], bool),
+        "names_data": fields.names.data, "names_ends": fields.names.ends, "samples": fields.samples,
+        "bytes": fields.sizes, "ext_bytes": fields.ext_bytes, "has_ext": fields.has_ext, "spans": fields.spans,
+        "keys": fields.keys,
     }  # fmt: skip
-    meta = {"format": COLUMNS_FORMAT, "version": 3, "json_sha256": text_digest(text), "exts": list(exts),
+    meta = {"format": COLUMNS_FORMAT, "version": 3, "json_sha256": text_digest(text), "exts": list(fields.exts),
             "sample_table": table}  # fmt: skip
     target = columns_path(manifest)
     if not is_remote(manifest):

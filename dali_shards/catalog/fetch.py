@@ -83,11 +83,12 @@ def _info(path: str, config: StorageOptions) -> Optional[Dict[str, Any]]:
         info = reader.retrying("manifest metadata", lambda: reader._timed("info", reader.path))
     except ShardAccessError as exc:
         cause = exc.__cause__
-        if isinstance(cause, FileNotFoundError) or http_status(cause) in (404, 410):
-            raise ManifestNotFound(f"manifest {path!r} not found") from None
-        if cause is not None and unreachable(cause, path) is not None:
+        under = getattr(cause, "__cause__", None)  # (fsspec's HTTP metadata says FileNotFoundError for any failure)
+        if any(c is not None and unreachable(c, path) is not None for c in (cause, under)):
             raise _unreadable(path, reader, exc) from None
-        return None
+        if http_status(cause) in (404, 410) or (isinstance(cause, FileNotFoundError) and under is None):
+            raise ManifestNotFound(f"manifest {path!r} not found") from None
+        return None  # (read, and said as reading it says)
     except Exception:  # noqa: BLE001 - a store without metadata: the manifest is read instead
         return None
     finally:
@@ -98,9 +99,10 @@ def _info(path: str, config: StorageOptions) -> Optional[Dict[str, Any]]:
 def _unreadable(path: str, reader: RangeReader, exc: ShardAccessError) -> Exception:
     """The error a remote manifest that cannot be read is: not found, or a ConfigError saying why."""
     cause = exc.__cause__
-    if isinstance(cause, FileNotFoundError) or http_status(cause) in (404, 410):
+    server = unreachable(cause, path) if cause is not None else None  # (a "not found" may say it too)
+    if server is None and (isinstance(cause, FileNotFoundError) or http_status(cause) in (404, 410)):
         return ManifestNotFound(f"manifest {path!r} not found")
-    server = (unreachable(cause, path) or probe(reader.fs, path, cause)) if cause is not None else None
+    server = server or (probe(reader.fs, path, cause) if cause is not None else None)
     if server is not None:
         return ConfigError(
             f"cannot read manifest {path!r}: the server {server} could not be reached "

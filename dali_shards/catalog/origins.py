@@ -90,8 +90,7 @@ def _maybe_outside(urls: Any) -> Iterator[Tuple[int, str]]:
         yield from enumerate(urls)
         return
     names = urls.names
-    lengths = names.lengths()
-    beside = urls.columns["prefix"] != 0
-    maybe = ~beside | (names.count_bytes(b"/") > 0) | ((lengths <= 2) & (names.count_bytes(b".") == lengths))
+    maybe = (urls.columns["prefix"] == 0) | (names.count_bytes(b"/") > 0)
+    maybe[names.short(2)] = True  # ("." and "..": looked at as the others)
     for i in np.flatnonzero(maybe).tolist():
         yield i, urls.url(i)

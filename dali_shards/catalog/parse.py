@@ -148,10 +148,9 @@ def first_foreign(path: str, names: StringTable, rel: np.ndarray) -> int:
 
 def plain_names(names: StringTable, rel: np.ndarray, base: str) -> bool:
     """Whether every entry is a plain name in the manifest's folder (see the module)."""
-    lengths = names.lengths()
-    if not rel.all() or (lengths == 0).any() or names.count_bytes(PLAIN_NAME_BAD).any():
+    if not rel.all() or names.count_bytes(PLAIN_NAME_BAD).any():
         return False
-    if ((lengths <= 2) & (names.count_bytes(b".") == lengths)).any():
+    if any(names[i] in ("", ".", "..") for i in names.short(2).tolist()):
         return False
     return is_remote(base) or not _any_link(names, base)
 

@@ -58,10 +58,17 @@ class StringTable:
         return np.diff(self.ends)
 
     def count_bytes(self, chars: bytes) -> np.ndarray:
-        """Per string, how many of its bytes are any of ``chars``."""
-        hit = np.isin(self.data, np.frombuffer(chars, np.uint8))
-        total = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
-        return total[self.ends[1:]] - total[self.ends[:-1]]
+        """Per string, how many of its bytes are any of ``chars`` (one pass over the bytes; work
+        beyond it only for the bytes found)."""
+        wanted = np.zeros(256, bool)
+        wanted[np.frombuffer(chars, np.uint8)] = True
+        found = np.flatnonzero(wanted[self.data])
+        rows = np.searchsorted(self.ends, found, side="right") - 1
+        return np.bincount(rows, minlength=len(self)).astype(np.int64)
+
+    def short(self, most: int) -> np.ndarray:
+        """The strings of at most ``most`` bytes (their indices)."""
+        return np.flatnonzero(self.lengths() <= most)
 
     def digests(self, prefix: bytes = b"") -> np.ndarray:
         """A 64-bit FNV-1a digest of each string (of ``prefix`` and each string: the same as of

@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.catalog.assemble import concat
+from dali_shards.catalog.assemble import as_catalog, concat
 from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.identity import ShardIdentity, spelled
 from dali_shards.catalog.repeats import first_repeat_across, identity_digests
@@ -42,7 +42,7 @@ def resolve_mix(streams: Sequence[Stream], epoch_size: Optional[int], batching: 
     bounds = [0]
     identity = ShardIdentity()
     for i, stream in enumerate(streams):
-        mine = shards_of(stream.source)
+        mine = as_catalog(shards_of(stream.source))
         digests.append(identity_digests(mine, identity))
         met = len(digests) > 1 and np.isin(digests[-1], np.concatenate(digests[:-1])).any()
         found = first_repeat_across(catalogs + [mine]) if met else None  # (each stream refuses its own repeats)

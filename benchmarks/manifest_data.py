@@ -1,10 +1,12 @@
-"""Synthetic manifests as ``dali-shards index`` writes them, at any size, written directly: the JSON
-(byte for byte what ``write_manifest`` writes for these entries), its sample table as a sparse file
-of the right size (its records are never read by what is measured), and, where the checkout measured
-writes one, the binary columns beside the JSON. The shards themselves are not written.
+"""Manifests for ``benchmarks/scale.py``.
 
-A million shards of 10k samples: a 128 MB JSON and a 120 GB (sparse: no disk used) sample table,
-written in about 10 s."""
+``write_synthetic``: a manifest as ``dali-shards index`` writes it, at any size, written directly:
+the JSON (byte for byte what ``write_manifest`` writes for these entries), its sample table as a
+sparse file of the right size (its records are never read by what is measured), and, where the
+checkout measured writes them, the binary columns beside the JSON; the shards are not written. A
+million shards of 10k samples: a 128 MB JSON and a 120 GB sample table (sparse: no disk used).
+``make_manifest``: one written by ``write_manifest`` from synthetic offsets (the ``manifest-*``
+cases); ``make_tiny_shards``: tiny real shards and their manifest."""
 
 from __future__ import annotations
 
@@ -76,3 +78,41 @@ def check_format(shards: int = 3, per_shard: int = 5) -> None:
         {"url": f"s-{i:07d}.tar", "samples": per_shard, "bytes": int(sizes[i]), "ext_bytes": {"cls": int(cls[i]), "jpg": int(jpg[i])}}
         for i in range(shards)], "sample_table": "manifest.samples"}  # fmt: skip
     assert manifest_text(shards, per_shard) == (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def make_manifest(root: str, shards: int, per_shard: int) -> str:
+    """A manifest of ``shards`` synthetic shards with offsets and key fingerprints (the shards
+    themselves are not written: reading the manifest never opens them)."""
+    import numpy as np
+
+    from dali_shards import ShardInfo, write_manifest  # (the same names in every release)
+    from dali_shards.catalog.manifest import MANIFEST_VERSION
+
+    path = os.path.join(root, f"manifest-v{MANIFEST_VERSION}-{shards}x{per_shard}", "manifest.json")
+    if os.path.exists(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rng = np.random.default_rng(0)
+    infos = []
+    for s in range(shards):
+        blocks = rng.integers(100, 300, per_shard)
+        offsets = np.concatenate([[0], np.cumsum(blocks) * 512])
+        crc = rng.integers(0, 2**32, per_shard, dtype=np.uint32)
+        size = int(offsets[-1]) + 1024
+        infos.append(ShardInfo(f"{os.path.dirname(path)}/s-{s:07d}.tar", per_shard, size, {"jpg": size // 2, "cls": 3 * per_shard},
+                               ShardInfo.offsets_from(offsets), crc))  # fmt: skip
+    write_manifest(path, infos)
+    return path
+
+
+def make_tiny_shards(root: str, shards: int) -> str:
+    """``shards`` tiny real shards (2 samples each) and their manifest."""
+    from dali_shards.tools.writer import ShardWriter
+
+    folder = os.path.join(root, f"tiny-{shards}")
+    manifest = os.path.join(folder, "manifest.json")
+    if not os.path.exists(manifest):
+        with ShardWriter(os.path.join(folder, "t-%06d.tar"), max_count=2) as writer:
+            for i in range(2 * shards):
+                writer.write({"__key__": f"{i:08d}", "cls": i % 10, "txt": "x" * 40})
+    return manifest

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import catalog_cases  # noqa: E402 - beside this file
+import manifest_data  # noqa: E402
 
 NODE_RATIO = 1.2
 TARGETS = {  # (seconds, MiB) or readers per shard: the issue's targets on a 2-core machine
@@ -189,44 +190,6 @@ def case_readers(shards: int, per_shard: int) -> Callable[[], Dict[str, Any]]:
     return run
 
 
-def make_manifest(root: str, shards: int, per_shard: int) -> str:
-    """A manifest of ``shards`` synthetic shards with offsets and key fingerprints (the shards
-    themselves are not written: reading the manifest never opens them)."""
-    import numpy as np
-
-    from dali_shards import ShardInfo, write_manifest  # (the same names in every release)
-    from dali_shards.catalog.manifest import MANIFEST_VERSION
-
-    path = os.path.join(root, f"manifest-v{MANIFEST_VERSION}-{shards}x{per_shard}", "manifest.json")
-    if os.path.exists(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    rng = np.random.default_rng(0)
-    infos = []
-    for s in range(shards):
-        blocks = rng.integers(100, 300, per_shard)
-        offsets = np.concatenate([[0], np.cumsum(blocks) * 512])
-        crc = rng.integers(0, 2**32, per_shard, dtype=np.uint32)
-        size = int(offsets[-1]) + 1024
-        infos.append(ShardInfo(f"{os.path.dirname(path)}/s-{s:07d}.tar", per_shard, size, {"jpg": size // 2, "cls": 3 * per_shard},
-                               ShardInfo.offsets_from(offsets), crc))  # fmt: skip
-    write_manifest(path, infos)
-    return path
-
-
-def make_tiny_shards(root: str, shards: int) -> str:
-    """``shards`` tiny real shards (2 samples each) and their manifest."""
-    from dali_shards.tools.writer import ShardWriter
-
-    folder = os.path.join(root, f"tiny-{shards}")
-    manifest = os.path.join(folder, "manifest.json")
-    if not os.path.exists(manifest):
-        with ShardWriter(os.path.join(folder, "t-%06d.tar"), max_count=2) as writer:
-            for i in range(2 * shards):
-                writer.write({"__key__": f"{i:08d}", "cls": i % 10, "txt": "x" * 40})
-    return manifest
-
-
 def case_first_batch(manifest: str) -> Callable[[], Dict[str, Any]]:
     from dali_shards import sharded_pipeline  # (imports are not what is measured)
     from dali_shards.pytorch import DALIShardedIterator
@@ -251,11 +214,11 @@ def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
         "order-1m": lambda: case_order(1_000_000, 10_000, 4096),
         "elastic-10m": lambda: case_elastic(10_000, 1000, 64, 48),
         "elastic-100m": lambda: case_elastic(100_000, 1000, 512, 384),
-        "manifest-10k": lambda: case_manifest(make_manifest(root, 10_000, 1000)),
-        "manifest-100k": lambda: case_manifest(make_manifest(root, 100_000, 1000)),
+        "manifest-10k": lambda: case_manifest(manifest_data.make_manifest(root, 10_000, 1000)),
+        "manifest-100k": lambda: case_manifest(manifest_data.make_manifest(root, 100_000, 1000)),
         "readers-2000": lambda: case_readers(2000, 200),
         "readers-20000": lambda: case_readers(20_000, 20),
-        "first-batch": lambda: case_first_batch(make_tiny_shards(root, 20_000)),
+        "first-batch": lambda: case_first_batch(manifest_data.make_tiny_shards(root, 20_000)),
         "mix-10x100k": lambda: case_order(1_000_000, 10_000, 4096, streams=10),
         "mix-10x100k-skewed": lambda: case_order(1_000_000, 10_000, 4096, streams=10, skewed=True),
         "mix-10x100k-stratified": lambda: case_order(1_000_000, 10_000, 4096, streams=10, batching="stratified", skewed=True),

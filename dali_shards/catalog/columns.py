@@ -18,6 +18,7 @@ and a damaged shard's ``damage`` are kept by shard index, for the few shards tha
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, overload
@@ -28,6 +29,7 @@ from dali_shards.catalog.colfile import map_columns
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.strings import StringTable
 
+CHUNK = 65536  # URLs made at once when all are read
 Inline = Tuple[Optional[np.ndarray], Optional[np.ndarray]]  # (offsets, key fingerprints) in memory
 COLUMNS = ("samples", "bytes", "prefix", "names_data", "names_ends", "ext_bytes", "has_ext", "table", "table_at",
            "spans", "keys")  # fmt: skip
@@ -203,6 +205,27 @@ class Urls(_Column):
     def item(self, i: int) -> str:
         return self.catalog.url(i)
 
+    def __iter__(self) -> Iterator[str]:
+        prefix, prefixes = self.catalog.columns["prefix"], self.catalog.prefixes
+        for lo in range(0, len(self), CHUNK):
+            names = self.catalog.names.slice(lo, lo + CHUNK)
+            yield from (prefixes[p] + n for p, n in zip(prefix[lo : lo + CHUNK].tolist(), names))
+
+    def common_prefix(self) -> str:
+        """The longest prefix every URL shares."""
+        cat = self.catalog
+        used = np.unique(cat.columns["prefix"]) if len(cat) else np.zeros(0, np.int64)
+        if len(used) != 1:
+            return os.path.commonprefix(list(self))
+        names = cat.names
+        lengths = names.lengths()
+        shared = 0
+        starts = names.ends[:-1]
+        while shared < int(lengths.min()) and (names.data[starts + shared] == names.data[starts[0] + shared]).all():
+            shared += 1
+        head = names.data[starts[0] : starts[0] + shared].tobytes().decode("utf-8", "surrogateescape")
+        return cat.prefixes[int(used[0])] + head  # (a character cut in two lies after the last "/")
+
 
 class Sizes(_Column):
     """A catalog's shard sizes, each an ``int`` or None (unknown)."""
@@ -210,6 +233,9 @@ class Sizes(_Column):
     def item(self, i: int) -> Optional[int]:
         size = int(self.catalog.sizes[i])
         return None if size < 0 else size
+
+    def __iter__(self) -> Iterator[Optional[int]]:
+        return (None if s < 0 else s for s in self.catalog.sizes.tolist())
 
 
 class InlineColumn(_Column):

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 from dali_shards.catalog.entries import BLOCK
-from dali_shards.catalog.columns import Catalog
+from dali_shards.catalog.columns import CHUNK, Catalog
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, ShardError
 from dali_shards.io.filesystems import is_remote
@@ -67,16 +67,22 @@ def first_bytes(url: str, config: StorageOptions, size: Optional[int]) -> Option
 
 
 def local_sizes(catalog: Catalog, rows: np.ndarray) -> np.ndarray:
-    """The sizes of shards ``rows`` of ``catalog`` that are regular local files (-1 for the others:
-    remote, missing, a pipe or a device), one ``stat`` each."""
+    """The sizes of shards ``rows`` (ascending) of ``catalog`` that are regular local files (-1 for
+    the others: remote, missing, a pipe or a device), one ``stat`` each."""
     out = np.full(len(rows), -1, np.int64)
-    remote = [is_remote(p) for p in catalog.prefixes]
-    for k, i in enumerate(rows.tolist()):
-        if remote[int(catalog.columns["prefix"][i])]:
+    remote = np.array([is_remote(p) for p in catalog.prefixes], bool)
+    prefix = catalog.columns["prefix"]
+    rows = np.asarray(rows, np.int64)
+    for lo in range(0, len(catalog), CHUNK):
+        at = np.flatnonzero((rows >= lo) & (rows < lo + CHUNK)) if len(rows) != len(catalog) else np.arange(lo, min(lo + CHUNK, len(rows)))
+        if not len(at):
             continue
-        size = local_file_size(catalog.url(i))
-        if size is not None:
-            out[k] = size
+        names = catalog.names.slice(lo, lo + CHUNK)
+        for k, i in zip(at.tolist(), rows[at].tolist()):
+            p = int(prefix[i])
+            if not remote[p]:
+                size = local_file_size(catalog.prefixes[p] + names[i - lo])
+                out[k] = -1 if size is None else size
     return out
 
 

@@ -144,7 +144,9 @@ def resolve_catalog(
                     "%d samples", info.url, info.bytes, part.catalog.sizes[i], part.catalog.samples[i], info.samples,
                 )  # fmt: skip
             part.catalog = replaced(part.catalog, dict(zip(changed, rescanned)))
-            checked.append((part, np.setdiff1d(np.arange(len(part.catalog)), np.array(changed, np.int64))))
+            given = np.ones(len(part.catalog), bool)
+            given[changed] = False  # (those counted again need no check)
+            checked.append((part, np.flatnonzero(given)))
     _count_patterns(parts, on_error, config, counts, checked)
     for part, rows in checked:
         assert part.catalog is not None  # counted

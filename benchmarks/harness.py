@@ -156,7 +156,7 @@ def shared_memory_mb() -> float:
         with open("/proc/self/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) == 6 and ("/memfd:" in parts[5] or parts[5].startswith("/dev/shm/")):
+                if len(parts) == 6 and ("/memfd:" in parts[5] or parts[5].startswith("/dev/ipc/")):
                     lo, hi = (int(x, 16) for x in parts[0].split("-"))
                     total += hi - lo
     except OSError:

@@ -92,7 +92,6 @@ class DaliShardsLoader:
         from nvidia.dali import fn, types
 
         from dali_shards import sharded_pipeline
-        from dali_shards.pytorch import DALIShardedIterator
 
         # bytes mode runs the pipeline directly and needs the padding mask as an output; the
         # iterator derives it from the plan
@@ -120,7 +119,13 @@ class DaliShardsLoader:
             self.pipe.build()
             self.it = None
         else:
-            self.it = DALIShardedIterator(self.pipe, ["data", "id"])
+            self.it = self.iterator(self.pipe)
+
+    def iterator(self, pipe):
+        """The framework's iterator over the pipeline (PyTorch's; ``jax_throughput.py``: JAX's)."""
+        from dali_shards.pytorch import DALIShardedIterator
+
+        return DALIShardedIterator(pipe, ["data", "id"])
 
     def epoch(self) -> Iterator[np.ndarray]:
         if self.it is not None:

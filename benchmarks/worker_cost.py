@@ -10,7 +10,7 @@ transfer writes it into its slot. CPU time per sample is measured without a prof
 - parse: the tar headers and where the fields lie (``tar/`` but the header-only scan,
   ``io/positioned.py``, ``worker/located.py``);
 - check: the image check (``worker/imagecheck.py``);
-- pack: fields to a packed sample (``shm/packing.py`` but the table, ``shm/packed.py``,
+- pack: fields to a packed sample (``ipc/packing.py`` but the table, ``ipc/packed.py``,
   ``worker/codec.py``, ``worker/stage.py``, ``worker/decoders.py``, ``worker/outputs.py``);
 - hand-over: the mini-batch's table written into the slot (``Packing.table_array``);
 - plan and order: everything else (the worker source, the reading loop, NumPy and Python built-ins
@@ -45,14 +45,14 @@ STAGES = ("read", "parse", "check", "pack", "hand-over", "plan and order")
 _READS = ("preadv", "pread", "'read' of", "'readinto' of")
 _PARSE = ("tar/format.py", "tar/header.py", "tar/spans.py", "tar/members.py", "io/positioned.py", "tar/blocks.py",
           "worker/located.py")  # fmt: skip
-_PACK = ("shm/packing.py", "shm/packed.py", "worker/codec.py", "worker/stage.py", "worker/decoders.py",
+_PACK = ("ipc/packing.py", "ipc/packed.py", "worker/codec.py", "worker/stage.py", "worker/decoders.py",
          "worker/outputs.py")
 
 
 def stage_of(filename: str, function: str) -> str:
     """The stage a profiled function's own time belongs to (see the module)."""
     filename = filename.replace(os.sep, "/")
-    if function in ("table_array", "table_size") or filename.endswith("shm/tables.py"):
+    if function in ("table_array", "table_size") or filename.endswith("ipc/tables.py"):
         return "hand-over"
     if filename == "~" and any(r in function for r in _READS):
         return "read"
@@ -92,7 +92,7 @@ def one_epoch(config, source, epoch: int, buffer) -> int:
     """An epoch's steps written into ``buffer`` as the ring's producer writes them into its slot
     (one source for every epoch, as a worker process keeps it)."""
     try:
-        from dali_shards.shm.tables import as_table
+        from dali_shards.ipc.tables import as_table
     except ImportError:  # a release before the fast path (for before/after figures)
 
         class as_table:  # noqa: N801 - stands in for the function

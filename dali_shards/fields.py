@@ -1,7 +1,7 @@
 """Field names: what a requested field is (its kind and the member extensions that may provide it),
 the special fields, the check of the ``decoders`` option, and what a ``map``'s output is
 (``OutputSpec``) with the dtypes an array may travel as. The options layer checks ``fields`` with
-it; the slot format (``shm/``) and the worker's codec (``worker/``) build on it. Imports nothing of
+it; the slot format (``ipc/``) and the worker's codec (``worker/``) build on it. Imports nothing of
 the package but its errors.
 """
 
@@ -25,7 +25,7 @@ except ImportError:  # Python 3.10
 
 
 class FieldKind(StrEnum):
-    """What travels in a field's header columns (see ``shm/packing.py``)."""
+    """What travels in a field's header columns (see ``ipc/packing.py``)."""
 
     PAYLOAD = "payload"  # the large byte field (or array) of the table layout, in a slot of its own
     BYTES = "bytes"  # a member's bytes: offset and length

@@ -4,7 +4,7 @@
 ``@sharded_pipeline`` (or of the decorated factory's call) and then only read: each default is
 written here and nowhere else, and every range, type and combination is checked in
 ``__post_init__``, raising a ``ConfigError`` that names the option, the value given and what is
-allowed. ``last_batch``, ``on_error``, ``stale_manifest``, ``image_check`` and ``transfer`` are ``StrEnum``s, so the strings
+allowed. ``last_batch``, ``on_error``, ``stale_manifest``, ``image_check``, ``transfer`` and ``batching`` are ``StrEnum``s, so the strings
 users pass (``"pad"``, ``"skip"``...) keep working and compare equal to the members.
 """
 
@@ -15,56 +15,16 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from dali_shards.choices import (  # noqa: F401  (re-exported: the options' enums are imported from here)
+    Batching, ImageCheck, LastBatch, OnError, StaleManifest, Transfer, enum_option,
+)
 from dali_shards.errors import ConfigError
-from dali_shards.fields import StrEnum, check_decoders, check_fields
+from dali_shards.fields import check_decoders, check_fields
+from dali_shards.stream import Stream
 
-E = TypeVar("E", bound=Enum)
 MAX_EPOCH = (1 << 31) - 2  # the last epoch a pipeline can start or resume at (the control block's cut word)
-
-class LastBatch(StrEnum):
-    """What happens to the samples that do not fill a last global batch."""
-
-    PAD = "pad"  # every sample once; the last batch padded, padding flagged by __valid__
-    DROP = "drop"  # only whole global batches; the rest of the epoch is left out
-
-
-class OnError(StrEnum):
-    """What a bad sample or shard does."""
-
-    RAISE = "raise"  # stop with a ShardError naming it
-    SKIP = "skip"  # log and count it, put a flagged stand-in in its slot, go on
-
-
-class StaleManifest(StrEnum):
-    """What a local shard whose size differs from its manifest entry does."""
-
-    RAISE = "raise"  # refuse it with a ShardFormatError
-    RESCAN = "rescan"  # count it again from its headers
-
-
-class Transfer(StrEnum):
-    """How the workers' samples reach DALI (see ``dali_shards.transfer``)."""
-
-    RING = "ring"  # the library's worker processes, a shared-memory ring each, one external source
-    MERGE = "merge"  # DALI's worker pool, a parallel external source per worker, merged by conditionals
-
-
-class ImageCheck(StrEnum):
-    """How much of each image a worker checks before it enters a batch."""
-
-    STRUCTURE = "structure"  # JPEG marker walk up to EOI, PNG chunks and CRCs
-    SIGNATURE = "signature"  # only the first bytes
-    OFF = "off"
-
-
-def _enum(cls: Type[E], name: str, value: Any) -> E:
-    try:
-        return cls(value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in cls)
-        raise ConfigError(f"{name} must be one of {allowed}, got {value!r}") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -206,7 +166,7 @@ class ShardedOptions:
     bucket_window: int = 1024
     transfer: Transfer = Transfer.RING
     epoch_size: Optional[int] = None
-    batching: str = "random"
+    batching: Batching = Batching.RANDOM
     storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
@@ -234,7 +194,7 @@ class ShardedOptions:
         set_("worker_timeout", _seconds("worker_timeout", self.worker_timeout, optional=True))
         for name, cls in (("last_batch", LastBatch), ("on_error", OnError), ("stale_manifest", StaleManifest),
                           ("image_check", ImageCheck), ("transfer", Transfer)):
-            set_(name, _enum(cls, name, getattr(self, name)))
+            set_(name, enum_option(cls, name, getattr(self, name)))
         if self.resume_from is not None and not isinstance(self.resume_from, Mapping):
             raise ConfigError(
                 f"resume_from must be a state_dict() of DALIShardedIterator (a dict) or None, "
@@ -248,12 +208,11 @@ class ShardedOptions:
     def _check_mix(self) -> None:
         """``epoch_size``, ``batching``, and what a mix of streams can go with."""
         object.__setattr__(self, "epoch_size", _int("epoch_size", self.epoch_size, 1, optional=True))
-        if self.batching not in BATCHING:
-            raise ConfigError(f"batching must be one of {BATCHING}, got {self.batching!r}")
-        if self.batching == "stratified" and not self.mixing:
+        object.__setattr__(self, "batching", enum_option(Batching, "batching", self.batching))
+        if self.batching is Batching.STRATIFIED and not self.mixing:
             raise ConfigError("batching='stratified' keeps each stream's share in every batch: it needs a mix of streams "
                               "(a list of Stream objects as the source)")  # fmt: skip
-        if self.batching == "stratified" and self.bucket_by is not None:
+        if self.batching is Batching.STRATIFIED and self.bucket_by is not None:
             raise ConfigError("batching='stratified' keeps each stream's share in every batch, bucket_by= reorders "
                               "samples across the batches of a window: give one or the other")  # fmt: skip
         if self.mixing and self.streaming:
@@ -313,21 +272,17 @@ class ShardedOptions:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in flat.items()}
 
 
-BATCHING = ("random", "stratified")
-
-
 def _is_mix(source: Any) -> bool:
-    """A mix: a tuple of ``Stream`` objects (``plan.mixture``; told by their attributes, so that
-    this layer imports nothing above it)."""
-    return isinstance(source, tuple) and bool(source) and all(hasattr(s, "proportion") and hasattr(s, "source") for s in source)
+    """A mix: a tuple of ``Stream`` objects."""
+    return isinstance(source, tuple) and bool(source) and all(isinstance(s, Stream) for s in source)
 
 
 def _source(source: Any) -> Any:
-    if isinstance(source, (list, tuple)) and source and any(hasattr(s, "proportion") for s in source):
-        if not all(hasattr(s, "proportion") and hasattr(s, "source") for s in source):
+    if isinstance(source, (list, tuple)) and source and any(isinstance(s, Stream) for s in source):
+        if not all(isinstance(s, Stream) for s in source):
             raise ConfigError(f"a mix is a list of Stream objects only (wrap each source in Stream()), got {source!r}")
         return tuple(source)
-    if hasattr(source, "proportion") and hasattr(source, "source"):
+    if isinstance(source, Stream):
         raise ConfigError(f"source is one Stream ({source!r}): a mix is a list of them ([Stream(...), ...]); for "
                           "one dataset, give its shards themselves")  # fmt: skip
     if isinstance(source, (str, os.PathLike)):

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Optional, Sequence, Tuple
 
 from dali_shards.plan.geometry import virtual_worker
-from dali_shards.shm.control import ControlBlock, WorkerStatus
+from dali_shards.ipc.control import ControlBlock, WorkerStatus
 from dali_shards.worker.parent import HEARTBEAT_S
 
 log = logging.getLogger("dali_shards")

@@ -1,4 +1,5 @@
-"""Where this process stands in a distributed job: world size and rank (its GPU: ``device``)."""
+"""Where this process stands in a distributed job (``torch.distributed``, ``jax.distributed`` or the
+environment): world size and rank (its GPU: ``device``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def _torch_world() -> Optional[Tuple[int, int]]:
     return None if dist is None else (dist.get_world_size(), dist.get_rank())
 
 
+def jax_world() -> Optional[Tuple[int, int]]:
+    """(process count, process index) of JAX's multi-process runtime (``jax.distributed``) if it is
+    initialised in this process, else None."""
+    jax = sys.modules.get("jax")  # never import JAX just to ask
+    distributed = getattr(jax, "distributed", None)
+    is_initialized = getattr(distributed, "is_initialized", None)
+    if jax is None or is_initialized is None or not is_initialized():
+        return None
+    return jax.process_count(), jax.process_index()
+
+
 def env_int(name: str) -> Optional[int]:
     value = os.environ.get(name)
     if value is None or value == "":
@@ -37,9 +49,10 @@ def env_int(name: str) -> Optional[int]:
 
 def resolve_world(world_size: Optional[int] = None, rank: Optional[int] = None) -> Tuple[int, int]:
     """(world_size, rank): the arguments where given, else ``torch.distributed`` when it is
-    initialized, else the ``WORLD_SIZE``/``RANK`` environment variables, else (1, 0)."""
+    initialized, else ``jax.distributed`` (JAX's processes), else the ``WORLD_SIZE``/``RANK``
+    environment variables, else (1, 0)."""
     if world_size is None or rank is None:
-        found = _torch_world()
+        found = _torch_world() or jax_world()
         if found is None:
             env_world, env_rank = env_int("WORLD_SIZE"), env_int("RANK")
             found = (env_world if env_world is not None else 1, env_rank if env_rank is not None else 0)

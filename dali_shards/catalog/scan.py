@@ -15,7 +15,7 @@ from dali_shards.io.filesystems import DEFAULT_STORAGE, is_remote
 from dali_shards.io.ranged import RangeReader
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.tar.scan import ShardStats, key_fingerprints, scan_tar
-from dali_shards.options import OnError, StorageOptions, option_default
+from dali_shards.options import OnError, StorageOptions, enum_option, option_default
 
 log = logging.getLogger("dali_shards")
 
@@ -49,11 +49,14 @@ def stored_size(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[
     return reader.object_size()
 
 
-def scan_shard(url: str, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE) -> ShardInfo:
+def scan_shard(
+    url: str, on_error: OnError | str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE
+) -> ShardInfo:
     """Count a shard's samples from its tar headers (member data is seeked over, not read).
 
     With ``on_error="skip"`` a damaged shard counts the samples before the damage, and a shard
     that cannot be opened counts none (both with a warning)."""
+    on_error = enum_option(OnError, "on_error", on_error)
     key = _cache_key(url)
     with _scan_lock:
         cached = _scan_cache.get(key) if key else None
@@ -66,7 +69,7 @@ def scan_shard(url: str, on_error: str = option_default("on_error"), config: Sto
             with open_shard(url, config, size) as stream:
                 cached = scan_tar(stream, url)
         except (ShardError, OSError, EOFError) as exc:
-            if OnError(on_error) is OnError.RAISE:
+            if on_error is OnError.RAISE:
                 raise
             cached = _readable_prefix(url, config)
             cached.damage = cached.damage or (getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}")
@@ -90,11 +93,13 @@ def _readable_prefix(url: str, config: StorageOptions = DEFAULT_STORAGE) -> Shar
 
 
 def scan_shards(
-    urls: Sequence[str], max_threads: int = 16, on_error: str = option_default("on_error"), config: StorageOptions = DEFAULT_STORAGE
+    urls: Sequence[str], max_threads: int = 16, on_error: OnError | str = option_default("on_error"),
+    config: StorageOptions = DEFAULT_STORAGE,
 ) -> List[ShardInfo]:
     """Scan many shards concurrently; results in the order given."""
+    on_error = enum_option(OnError, "on_error", on_error)
     missing = [u for u in urls if (p := local_path(u)) is not None and not os.path.exists(p)]
-    if missing and on_error == "skip":
+    if missing and on_error is OnError.SKIP:
         for u in missing:
             log.warning("dali_shards: shard %s not found; skipping it", u)
     elif missing:

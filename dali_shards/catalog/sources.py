@@ -51,10 +51,9 @@ from dali_shards.catalog.table import check_tables
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
 from dali_shards.io.storage import local_path
-from dali_shards.options import option_default
+from dali_shards.options import OnError, StaleManifest, enum_option, option_default
 
 log = logging.getLogger("dali_shards")
-STALE_MANIFEST = ("raise", "rescan")
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 _GLOB_CHARS = set("*?[")
@@ -101,10 +100,10 @@ def expand_pattern(pattern: str, config: StorageOptions = DEFAULT_STORAGE) -> Li
 
 def resolve_source(
     source: Source,
-    on_error: str = option_default("on_error"),
+    on_error: OnError | str = option_default("on_error"),
     config: StorageOptions = DEFAULT_STORAGE,
     counts: bool = True,
-    stale_manifest: str = option_default("stale_manifest"),
+    stale_manifest: StaleManifest | str = option_default("stale_manifest"),
 ) -> List[ShardInfo]:
     """The shards of ``source`` with their sample counts, one ``ShardInfo`` each (``resolve_catalog``)."""
     return list(resolve_catalog(source, on_error, config, counts, stale_manifest))
@@ -112,10 +111,10 @@ def resolve_source(
 
 def resolve_catalog(
     source: Source,
-    on_error: str = option_default("on_error"),
+    on_error: OnError | str = option_default("on_error"),
     config: StorageOptions = DEFAULT_STORAGE,
     counts: bool = True,
-    stale_manifest: str = option_default("stale_manifest"),
+    stale_manifest: StaleManifest | str = option_default("stale_manifest"),
 ) -> Catalog:
     """The catalog of ``source``: its shards with their sample counts (a manifest, else a header
     scan of local shards; with ``on_error="skip"`` damaged or missing local shards count what can
@@ -124,8 +123,8 @@ def resolve_catalog(
     shard listed twice is a ConfigError, and so are counts a manifest gives that the shard cannot
     hold (whatever ``on_error``); a local shard whose size is not its manifest's a
     ShardFormatError, or (``stale_manifest="rescan"``) counted again."""
-    if stale_manifest not in STALE_MANIFEST:
-        raise ConfigError(f"stale_manifest must be one of {STALE_MANIFEST}, got {stale_manifest!r}")
+    on_error = enum_option(OnError, "on_error", on_error)
+    stale = enum_option(StaleManifest, "stale_manifest", stale_manifest)
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not items:
         raise ConfigError("source is empty: give a shard pattern, a list of shards or a manifest")
@@ -136,7 +135,7 @@ def resolve_catalog(
     checked = []  # (part, its rows whose counts a manifest gives: checked against their shards)
     for part in parts:
         if part.catalog is not None:
-            changed = check_manifested(part.catalog, origins.of(part), stale_manifest, on_error, config)
+            changed = check_manifested(part.catalog, origins.of(part), stale, on_error, config)
             rescanned = scan_shards([part.catalog.url(i) for i in changed], on_error=on_error, config=config)
             for i, info in zip(changed, rescanned):
                 log.warning(

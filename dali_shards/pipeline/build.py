@@ -18,9 +18,9 @@ from dali_shards.setup.first_sample import check_graph_call, output_names
 from dali_shards.setup.resolve import Resolved, resolve
 from dali_shards.supervise import supervise
 from dali_shards.plan.random import MASK64
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.fields import KEY, FieldKind
-from dali_shards.shm.packed import FieldSpec
+from dali_shards.ipc.packed import FieldSpec
 from dali_shards.transfer.base import Handover
 from dali_shards.transfer.choice import transfer_for
 from dali_shards.device import default_device_id
@@ -55,9 +55,7 @@ def build_sharded_pipeline(
     settings = {**DALI_DEFAULTS, **pipeline_kwargs}
     transfer = transfer_for(options)
     transfer.check(settings)
-    control = ControlBlock.create(
-        options.py_num_workers, worker_prefetch=options.worker_prefetch, worker_timeout=options.worker_timeout
-    )
+    control = ControlBlock.create(options.py_num_workers, worker_timeout=options.worker_timeout)
     outputs = output_names(func, fn_args, fn_kwargs) if options.map is not None else ()
     resolved = resolve(options, outputs, transfer).with_control(control.path)
     transfer.start(resolved.workers, resolved.sample_bytes, control, settings)

@@ -18,8 +18,8 @@ from nvidia.dali import fn
 from nvidia.dali.pipeline import Pipeline
 
 from dali_shards.pipeline.conditionals import define_pipeline
-from dali_shards.shm.packed import Packed
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import Packed
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.merge.graph import assemble_fields
 
 Fails = Callable[[Sequence[Packed]], Optional[BaseException]]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from dali_shards.options import LastBatch
 from dali_shards.plan import multiset
 from dali_shards.plan.epoch import Lengths
 from dali_shards.plan.resume import Plan
@@ -74,7 +75,7 @@ def check_plan(plan: Plan, left: np.ndarray, lengths: Optional[Lengths] = None) 
     planned = expected_indices(plan, lengths)
     never = multiset.difference(left, planned)
     again = multiset.difference(planned, left)
-    dropped = plan.spec.last_batch == "drop"
+    dropped = plan.spec.last_batch is LastBatch.DROP
     return {
         "plan_missing": 0 if dropped else len(never),
         "plan_duplicates": len(again),

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError, EmptyDatasetError
-from dali_shards.options import LastBatch, option_default
+from dali_shards.options import Batching, LastBatch, option_default
 from dali_shards.plan import geometry, progress
 from dali_shards.plan.deal import Deal, RankParts, interleave_order
 from dali_shards.plan.drawn import Drawn
@@ -58,7 +58,6 @@ RESUMABLE_PLAN_VERSIONS = (3, 4, 5, 6)
 PLANNED_VERSIONS = (5, 6)  # the versions ``EpochPlan`` plans
 MIN_SHARDS = 8  # fewer non-empty shards than this (or than a worker's mini-batch): contiguous runs
 Lengths = Callable[[Any, np.ndarray], np.ndarray]  # (plan, positions) -> the samples' lengths
-LAST_BATCH_MODES = tuple(m.value for m in LastBatch)
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ class PlanSpec(BatchLayout):
     def epoch(self, epoch: int, **resumed: Any) -> "EpochPlan":
         """The plan of ``epoch`` (``resumed``: a resumed epoch's ``subset``, ``start_step``); a
         stratified mix's is a ``stratified.StratifiedPlan``."""
-        stratified = self.mixture is not None and self.mixture.batching == "stratified"
+        stratified = self.mixture is not None and self.mixture.batching is Batching.STRATIFIED
         return (StratifiedPlan if stratified else EpochPlan)(self, int(epoch), **resumed)
 
     def _check_worker(self, v: int) -> None:
@@ -209,13 +208,13 @@ class EpochPlan(Reads, Emissions):
     @cached_property
     def _deal(self) -> Deal:
         spec = self.spec
-        drop = spec.last_batch == "drop"
+        drop = spec.last_batch is LastBatch.DROP
         return Deal(self.stretches, spec.world_size, spec.batch_size, self.planned, drop, spec.seed, self.epoch)
 
     @cached_property
     def _runs(self) -> Runs:
         spec = self.spec
-        drop = spec.last_batch == "drop"
+        drop = spec.last_batch is LastBatch.DROP
         turn = self.version >= 6
         return Runs(self.stretches, spec.num_virtual_workers, self.planned, drop, spec.shuffle, spec.seed, self.epoch, turn)
 

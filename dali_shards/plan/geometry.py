@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import LastBatch, check_batch_split, option_default
+from dali_shards.options import LastBatch, check_batch_split, enum_option, option_default
 
 
 def check_positive(obj: object, *names: str) -> None:
@@ -20,17 +20,17 @@ def check_positive(obj: object, *names: str) -> None:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
-def steps_for(available: int, global_batch: int, last_batch: str) -> int:
+def steps_for(available: int, global_batch: int, last_batch: LastBatch) -> int:
     """Batches per rank that deliver ``available`` samples: all of them, the last batch padded
     (``"pad"``), or only whole global batches (``"drop"``)."""
-    if LastBatch(last_batch) is LastBatch.PAD:
+    if last_batch is LastBatch.PAD:
         return -(-available // global_batch)
     return available // global_batch
 
 
-def planned_for(available: int, global_batch: int, last_batch: str) -> int:
+def planned_for(available: int, global_batch: int, last_batch: LastBatch) -> int:
     """Samples delivered as valid out of ``available``."""
-    if LastBatch(last_batch) is LastBatch.PAD:
+    if last_batch is LastBatch.PAD:
         return available
     return steps_for(available, global_batch, last_batch) * global_batch
 
@@ -71,16 +71,12 @@ class BatchLayout:
     batch_size: int = 1
     seed: int = option_default("seed")
     shuffle: bool = option_default("shuffle")
-    last_batch: str = option_default("last_batch")
+    last_batch: LastBatch = LastBatch(option_default("last_batch"))
 
     def _check_layout(self) -> None:
         check_positive(self, "world_size", "py_num_workers", "batch_size")
         check_batch_split(self.batch_size, self.py_num_workers)
-        try:
-            object.__setattr__(self, "last_batch", LastBatch(self.last_batch))
-        except ValueError:
-            modes = ", ".join(repr(m.value) for m in LastBatch)
-            raise ConfigError(f"last_batch must be one of {modes}, got {self.last_batch!r}") from None
+        object.__setattr__(self, "last_batch", enum_option(LastBatch, "last_batch", self.last_batch))
 
     def layout_fields(self) -> dict:
         """This layout's fields, as keywords for another spec."""
@@ -113,7 +109,7 @@ class BatchLayout:
         return self.world_size * self.batch_size
 
 
-class Segment(NamedTuple):
+class Stretch(NamedTuple):
     """Samples ``[first, stop)`` of shard ``shard`` (index into the canonical shard list); the
     first of them is at ``position`` in the epoch's sample sequence."""
 

@@ -11,17 +11,17 @@ from typing import Collection, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.plan import geometry, interleave
+from dali_shards.plan import geometry, legacy_interleave
 from dali_shards.plan.emissions import Emissions
 from dali_shards.plan.epoch import Lengths, PlanSpec
-from dali_shards.plan.geometry import Segment
+from dali_shards.plan.geometry import Stretch
 from dali_shards.plan.random import buffer_shuffle_order, shard_permutation
 
 LEGACY_VERSIONS = (3, 4)
 
 
 @dataclass(frozen=True)
-class LegacyPlan(Emissions, interleave.Interleaving):
+class LegacyPlan(Emissions, legacy_interleave.Interleaving):
     """The plan of one epoch: shard order, each worker's reads and emission order.
 
     A resumed epoch plans only ``subset`` (sorted positions of the epoch's sample sequence still to
@@ -128,7 +128,7 @@ class LegacyPlan(Emissions, interleave.Interleaving):
         start = v * self.available // self.spec.num_virtual_workers
         return self.position(min(start, self.available - 1))
 
-    def reads_covering(self, first: int, stop: int) -> List[Segment]:
+    def reads_covering(self, first: int, stop: int) -> List[Stretch]:
         """Segments of shards covering sequence positions ``[first, stop)``, in reading order."""
         segments = []
         slot = int(np.searchsorted(self._sequence_ends, first, side="right"))
@@ -138,17 +138,17 @@ class LegacyPlan(Emissions, interleave.Interleaving):
             end = int(self._sequence_ends[slot])
             begin = end - int(self._sizes[shard])
             if end > pos:
-                segments.append(Segment(shard, pos - begin, min(stop, end) - begin, pos))
+                segments.append(Stretch(shard, pos - begin, min(stop, end) - begin, pos))
                 pos = min(stop, end)
             slot += 1
         return segments
 
-    def reads_of(self, v: int, positions: Collection[int]) -> List[Segment]:
+    def reads_of(self, v: int, positions: Collection[int]) -> List[Stretch]:
         """The segments covering ``positions`` (of worker ``v``), in reading order."""
         wanted = list(positions)
         return self.reads_covering(min(wanted), max(wanted) + 1) if wanted else []
 
-    def worker_reads(self, v: int) -> List[Segment]:
+    def worker_reads(self, v: int) -> List[Stretch]:
         """The stretch of samples worker ``v`` reads under this plan (from step 0), as segments in
         reading order: its run (its pieces, when interleaving), or the one sample it pads with if it
         has none."""

@@ -26,62 +26,22 @@ from class-sorted shards).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import BATCHING
+from dali_shards.options import Batching, option_default
 from dali_shards.plan import passes
 from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.units import Units
+from dali_shards.stream import Stream  # noqa: F401  (where a mix's streams are read; defined below the options)
 
 # An epoch of a mix is planned draw by draw (each rank's samples), and each pass of a stream shard by
 # shard: these bound what one may ask for (docs/mixing.md#limits).
 MAX_EPOCH_DRAWS = 1 << 40  # draws per epoch, of each stream and of all: 100x the largest dataset measured
 MAX_STRETCHES = 1 << 22  # stretches of shards an epoch plans over (a shard in a pass), all streams together
-
-@dataclass(frozen=True)
-class Stream:
-    """One dataset of a mix (see the module): ``source`` as ``sharded_pipeline`` takes it, and at
-    most one of ``proportion`` (a share of what ``epoch_size`` leaves), ``repeat`` (draws per epoch
-    as a multiple of its size) or ``choose`` (draws per epoch)."""
-
-    source: Any
-    proportion: Optional[float] = None
-    repeat: Optional[float] = None
-    choose: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if _holds_stream(self.source):
-            raise ConfigError(f"Stream({self.source!r}): a stream's source is shards (a pattern, manifest, directory "
-                              "or list of them), not a Stream: give the weight to one Stream, and list the streams "
-                              "side by side as the mix ([Stream(a, ...), Stream(b, ...)])")  # fmt: skip
-        given = [n for n in ("proportion", "repeat", "choose") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ConfigError(f"Stream({self.source!r}) gives {' and '.join(given)}: give at most one of them")
-        for name, least in (("proportion", "> 0"), ("repeat", ">= 0")):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not _real(value) or not math.isfinite(value) or value < 0 or (name == "proportion" and value == 0):
-                raise ConfigError(f"Stream({self.source!r}): {name} must be a finite number {least}, got {value!r}")
-        if self.choose is not None and (not isinstance(self.choose, numbers.Integral) or isinstance(self.choose, bool) or self.choose < 0):
-            raise ConfigError(f"Stream({self.source!r}): choose must be an integer >= 0, got {self.choose!r}")
-
-
-def _holds_stream(source: Any) -> bool:
-    """Whether ``source`` is a ``Stream``, or a list of sources with one among them."""
-    if isinstance(source, (list, tuple)):
-        return any(isinstance(s, Stream) for s in source)
-    return isinstance(source, Stream)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
 
 def stream_counts(streams: Sequence[Stream], sizes: Sequence[int], epoch_size: Optional[int]) -> Tuple[int, ...]:
     """Draws per epoch of each stream of ``sizes`` samples (see the module); a ConfigError naming
@@ -156,11 +116,10 @@ class MixSpec:
 
     bounds: Tuple[int, ...]
     counts: Tuple[int, ...]
-    batching: str = "random"
+    batching: Batching = Batching(option_default("batching"))
 
     def __post_init__(self) -> None:
-        if self.batching not in BATCHING:
-            raise ConfigError(f"batching must be one of {BATCHING}, got {self.batching!r}")
+        object.__setattr__(self, "batching", Batching(self.batching))  # the option's value: checked by the options
 
     @property
     def epoch_size(self) -> int:

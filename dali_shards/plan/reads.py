@@ -1,4 +1,4 @@
-"""What a plan's workers read, as stretches of shards (``Segment``): the same for every plan of
+"""What a plan's workers read, as stretches of shards (``Stretch``): the same for every plan of
 this version, given each worker's parts. Pure, no I/O, no DALI."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Collection, List
 
 import numpy as np
 
-from dali_shards.plan.geometry import Segment
+from dali_shards.plan.geometry import Stretch
 from dali_shards.plan.units import holding
 
 if TYPE_CHECKING:
@@ -29,17 +29,17 @@ class Reads:
         def pad_position(self, v: int) -> int: ...
         def locate(self, positions: np.ndarray) -> tuple: ...
 
-    def worker_pieces(self, v: int) -> List[Segment]:
+    def worker_pieces(self, v: int) -> List[Stretch]:
         """The stretches of shards worker ``v`` reads, in the order it starts them."""
         return [seg for part in self.worker_parts(v) for seg in part.started(self.interleaving, self.canonical_starts)]
 
-    def worker_reads(self, v: int) -> List[Segment]:
+    def worker_reads(self, v: int) -> List[Stretch]:
         """What worker ``v`` reads (from step 0): its pieces, or the one sample it pads with."""
         if self.worker_valid_count(v):
             return self.worker_pieces(v)
         return self.reads_of(v, [self.pad_position(v)])
 
-    def reads_of(self, v: int, positions: Collection[int]) -> List[Segment]:
+    def reads_of(self, v: int, positions: Collection[int]) -> List[Stretch]:
         """The stretches of worker ``v``'s reading that hold ``positions``, each cut to the first
         and last of them, in reading order."""
         pieces = self.worker_pieces(v) if self.worker_valid_count(v) else None

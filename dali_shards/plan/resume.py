@@ -99,7 +99,7 @@ def make_state(
 def mixture_digest(spec: PlanSpec) -> Optional[str]:
     """What identifies a mix in a state (None: one dataset)."""
     mix = spec.mixture
-    return None if mix is None else digest([list(mix.bounds), list(mix.counts), mix.batching])
+    return None if mix is None else digest([list(mix.bounds), list(mix.counts), mix.batching.value])
 
 
 def _unnamed(spec: PlanSpec) -> DatasetId:

@@ -251,6 +251,25 @@ def check_state_shape(state: Any) -> Dict[str, Any]:
     return {**state, "history": history}
 
 
+def merge_rank_states(states: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The ``state_dict()`` of each rank of one run, saved at one step, as one state that resumes the
+    run under any layout: each rank's ``excluded`` samples joined; a ConfigError if they differ in
+    anything else (states of other runs or steps)."""
+    if not states:
+        raise ConfigError("no state to resume from: the checkpoint holds no rank's state")
+    common = [{k: v for k, v in s.items() if k != "excluded"} for s in states]
+    odd = next((i for i, c in enumerate(common) if c != common[0]), None)
+    if odd is not None:
+        raise ConfigError(
+            f"the states of rank 0 and rank {odd} differ (epoch {common[0].get('epoch')} and {common[odd].get('epoch')}, "
+            f"{sum(e.get('steps', 0) for e in common[0].get('history', []))} and "
+            f"{sum(e.get('steps', 0) for e in common[odd].get('history', []))} steps): they were not saved at one step of "
+            "one run; restore a checkpoint that every rank saved at the same step"
+        )
+    excluded = sorted({int(i) for s in states for i in s.get("excluded", ())})
+    return {**common[0], "excluded": excluded} if excluded else dict(common[0])
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 

@@ -1,7 +1,7 @@
 """The plan of an epoch of a mix with ``batching="stratified"``: every global batch holds each
-stream's share (``stratify``), every stream dealt like a dataset of its own. Pure, no I/O, no DALI.
+stream's share (``shares``), every stream dealt like a dataset of its own. Pure, no I/O, no DALI.
 
-1. **Counts.** ``stratify.Strata`` gives every worker its count of each stream in every step, and
+1. **Counts.** ``shares.Strata`` gives every worker its count of each stream in every step, and
    so each worker's and each rank's total of each stream.
 2. **Streams.** Each stream's draws of the epoch are cut into pieces and dealt in a random order
    (``deal.Deal``, keyed by the stream): rank ``r`` takes the stretch of that order that the ranks
@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dali_shards.options import LastBatch
 from dali_shards.plan import geometry
 from dali_shards.plan.deal import Deal, block_sizes, interleave_order
 from dali_shards.plan.drawn import Drawn
 from dali_shards.plan.mixture import largest_remainder
 from dali_shards.plan.random import TAG_BLOCK, permutation
-from dali_shards.plan.stratify import Strata, labels
+from dali_shards.plan.shares import Strata, labels
 from dali_shards.plan.units import Streams, Units
 
 
@@ -112,7 +113,7 @@ class StratifiedParts:
     def _deal_of(self, i: int) -> Deal:
         spec, p = self.spec, self.strata.totals
         wanted = max(1, -(-spec.global_batch * int(p[i]) // max(1, int(p.sum()))))
-        return Deal(self.stream_units[i], spec.world_size, spec.batch_size, int(p[i]), spec.last_batch == "drop",
+        return Deal(self.stream_units[i], spec.world_size, spec.batch_size, int(p[i]), spec.last_batch is LastBatch.DROP,
                     spec.seed, self.epoch, wanted=wanted, salt=(i,))  # fmt: skip
 
     @cached_property

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.plan.geometry import Segment
+from dali_shards.plan.geometry import Stretch
 
 
 def _frozen(values: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -135,11 +135,11 @@ class Streams:
             return [(shard, lo + s, lo + s + n)]
         return [(shard, lo + s, lo + size), (shard, lo, lo + s + n - size)]
 
-    def segments(self, j: int, starts: np.ndarray) -> List[Segment]:
+    def segments(self, j: int, starts: np.ndarray) -> List[Stretch]:
         """Stream ``j``'s stretches as segments (their first sample's ``__index__`` as position)."""
-        return [Segment(s, a, b, int(starts[s]) + a) for s, a, b in self.stretches(j)]
+        return [Stretch(s, a, b, int(starts[s]) + a) for s, a, b in self.stretches(j)]
 
-    def started(self, interleaved: bool, starts: np.ndarray) -> List[Segment]:
+    def started(self, interleaved: bool, starts: np.ndarray) -> List[Stretch]:
         """The streams' stretches as segments, in the order a worker starts them: by the first
         interleave key (the longest first: ``deal.interleave_order``), or as laid."""
         first = -self.length if interleaved else np.arange(len(self))
@@ -178,7 +178,7 @@ class Streams:
         return self.clip(np.asarray(done, np.int64), self.length).as_units()
 
 
-def holding(segments: Optional[List[Segment]], positions: np.ndarray, locate: Any, starts: np.ndarray) -> List[Segment]:
+def holding(segments: Optional[List[Stretch]], positions: np.ndarray, locate: Any, starts: np.ndarray) -> List[Stretch]:
     """The ``segments`` (in order) that hold some of ``positions``, each cut to the first and last of
     them; without segments, the one sample ``positions`` holds."""
     wanted = np.unique(positions)
@@ -186,11 +186,11 @@ def holding(segments: Optional[List[Segment]], positions: np.ndarray, locate: An
         return []
     shard, local = locate(wanted)
     if not segments:
-        return [Segment(int(shard[0]), int(local[0]), int(local[0]) + 1, int(wanted[0]))]
+        return [Stretch(int(shard[0]), int(local[0]), int(local[0]) + 1, int(wanted[0]))]
     out = []
     for seg in segments:
         inside = (shard == seg.shard) & (local >= seg.first) & (local < seg.stop)
         if inside.any():
             a, b = int(local[inside].min()), int(local[inside].max()) + 1
-            out.append(Segment(seg.shard, a, b, int(starts[seg.shard]) + a))
+            out.append(Stretch(seg.shard, a, b, int(starts[seg.shard]) + a))
     return out

@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from dali_shards.errors import ShardFormatError
+from dali_shards.options import OnError
 from dali_shards.io.storage import local_path, open_shard
 from dali_shards.plan.geometry import shard_of
 from dali_shards.plan.mode import Streaming
@@ -92,7 +93,7 @@ def dali_failure(
     if not bad:
         return None
     samples = [_described(info, plan, i) for i in bad]
-    if info.on_error != "skip":
+    if info.on_error is not OnError.SKIP:
         first = samples[0]
         return sample_error(info, first, operator, step, epoch, len(samples))
     if known_good is None and good is None:  # no sample DALI takes known yet: one, to stand in

@@ -9,6 +9,7 @@ import json
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from dali_shards.errors import ConfigError
+from dali_shards.options import LastBatch
 from dali_shards.session.feed import Ranks
 
 
@@ -18,7 +19,7 @@ _SUMMARY = ("plan", "rank", "steps", "samples", "shards", "epoch", "world_size",
 _NAMES = ("names", "name_set")  # shard names do not change a plan: ranks may read copies named apart
 
 
-def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
+def plan_fingerprint(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> List[int]:
     """What every rank must agree on before its first batch, as integers (see ``_SUMMARY``): a
     fingerprint of the iterator's ``state_dict()``, its ``len()`` and the batch layout, then a few
     readable figures and the rank."""
@@ -28,7 +29,7 @@ def plan_summary(state: Mapping[str, Any], steps: int, spec: Any, rank: int) -> 
     blob = json.dumps([plan_state, steps, layout], sort_keys=True, default=str).encode()
     fingerprint = int(hashlib.sha1(blob).hexdigest()[:15], 16)
     epoch = int(state.get("epoch", -1))
-    drop = int(spec.last_batch == "drop")
+    drop = int(spec.last_batch is LastBatch.DROP)
     return [fingerprint, rank, steps, int(spec.num_samples), len(spec.shard_sizes), epoch, *layout[:3], drop]
 
 
@@ -36,7 +37,7 @@ def check_same_plan(
     ranks: Ranks, world_size: int, summary: Callable[[], List[int]], device_id: Optional[int] = None
 ) -> None:
     """In a process group (``ranks``) of ``world_size`` ranks, gather every rank's
-    :func:`plan_summary` (one all-gather of a few integers, on GPU ``device_id`` where the group
+    :func:`plan_fingerprint` (one all-gather of a few integers, on GPU ``device_id`` where the group
     needs one: every rank must call it) and raise a ``ConfigError`` on every rank unless all planned
     the same epoch, with distinct ranks. Does nothing without such a group (e.g. for a pipeline of
     world size 1 used on one rank only)."""

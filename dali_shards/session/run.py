@@ -16,13 +16,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from dali_shards.errors import ConfigError, WorkerError
+from dali_shards.options import OnError
 from dali_shards.plan.audit import EpochRecord
 from dali_shards.plan.mode import Streaming
 from dali_shards.session.audit import audit_epoch
 from dali_shards.session.feed import STATUS_OUTPUT, Alone, Feed, Ranks, check_output_map
 from dali_shards.session.guard import Guard
 from dali_shards.session.incidents import SampleFailure, excluded_after, log_skips
-from dali_shards.session.plancheck import check_same_plan, plan_summary
+from dali_shards.session.plancheck import check_same_plan, plan_fingerprint
 from dali_shards.setup.info import ShardedPipelineInfo
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class RunSession:
         if self.status:
             pipeline.set_outputs(*info.outputs, info.slot_status)
             names.append(STATUS_OUTPUT)
-        elif info.on_error == "skip" or self.audit:
+        elif info.on_error is OnError.SKIP or self.audit:
             raise ConfigError(
                 "DALIShardedIterator needs to build the pipeline itself (it adds an output to see skipped "
                 "samples and to audit): do not call pipe.build() before creating it"
@@ -186,7 +187,7 @@ class RunSession:
         if self._plan_checked:
             return
         self._plan_checked = True
-        summary = lambda: plan_summary(self.state_dict(), len(self), self.info.spec, self.info.rank)  # noqa: E731
+        summary = lambda: plan_fingerprint(self.state_dict(), len(self), self.info.spec, self.info.rank)  # noqa: E731
         check_same_plan(self.ranks, self.info.spec.world_size, summary, self._pipeline.device_id)
 
     def loop(self) -> None:

@@ -147,7 +147,7 @@ def first_sample_outputs(
             with KeptRngs():  # the user's random streams in this process stay as they were
                 return _specs(stage, sample, index, names)
         except ShardError as exc:
-            if OnError(options.on_error) is OnError.RAISE:
+            if options.on_error is OnError.RAISE:
                 raise
             error = error or exc
     if error is not None:

@@ -12,7 +12,7 @@ from dali_shards.plan.mixture import MixSpec
 from dali_shards.plan.resume import Plan, draws_left, epoch_plan, make_state, resume_point
 from dali_shards.plan.statecheck import State
 from dali_shards.setup.resolve import Resolved
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.transfer.base import Handover
 
 

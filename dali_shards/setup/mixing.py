@@ -16,8 +16,9 @@ from dali_shards.catalog.sources import resolve_catalog
 from dali_shards.errors import ConfigError
 from dali_shards.fields import SPECIAL_FIELDS
 from dali_shards.io.storage import open_shard
-from dali_shards.options import ShardedOptions
-from dali_shards.plan.mixture import MixSpec, Stream, stream_counts
+from dali_shards.options import Batching, ShardedOptions
+from dali_shards.plan.mixture import MixSpec, stream_counts
+from dali_shards.stream import Stream
 from dali_shards.tar.format import TarReader
 
 
@@ -32,7 +33,7 @@ def resolve_shards(options: ShardedOptions) -> Tuple[Catalog, Optional[MixSpec]]
     return shards, mix
 
 
-def resolve_mix(streams: Sequence[Stream], epoch_size: Optional[int], batching: str,
+def resolve_mix(streams: Sequence[Stream], epoch_size: Optional[int], batching: Batching,
                 shards_of: Callable[[Any], Catalog]) -> Tuple[Catalog, MixSpec]:  # fmt: skip
     """The shards of ``streams`` one stream after the other (each resolved by ``shards_of``) and
     their mix; a ConfigError naming the streams that share a shard (however spelled:

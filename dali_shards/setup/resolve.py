@@ -31,7 +31,7 @@ from dali_shards.setup.first_sample import check_fields_present, first_sample_ou
 from dali_shards.setup.lengths import SampleLengths
 from dali_shards.fields import FieldKind, OutputSpec, check_decoders
 from dali_shards.plan.mixture import MixSpec
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.usercode import Portable

@@ -23,7 +23,7 @@ _COLS = np.arange(BLOCK)
 _USTAR = np.frombuffer(b"ustar\0", dtype=np.uint8)
 
 
-class Member(NamedTuple):
+class MemberColumns(NamedTuple):
     """Round ``r``'s member of each sample of ``samples`` (indices into the walk's spans): the
     offset of its header in the buffer, where its data begins and its size, where its name's key ends
     (the first dot of its file name) and its name's length (the name is the header's first bytes)."""
@@ -41,7 +41,7 @@ class Walk(NamedTuple):
     """The members of every sample, round by round, and which samples are irregular (see the
     module): their members are not to be used."""
 
-    rounds: List[Member]
+    rounds: List[MemberColumns]
     irregular: np.ndarray
 
 
@@ -130,7 +130,7 @@ def walk_members(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Walk:
     """The members of the samples whose spans are ``[starts[i], ends[i])`` in ``buf`` (see the
     module)."""
     irregular = np.zeros(len(starts), dtype=bool)
-    rounds: List[Member] = []
+    rounds: List[MemberColumns] = []
     samples = np.arange(len(starts))
     at = starts.astype(np.int64)
     first_name = np.zeros((len(starts), 100), dtype=np.uint8)  # each sample's first member's name
@@ -152,7 +152,7 @@ def walk_members(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Walk:
         after = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
         ok &= (data + size <= ends[samples]) & same_key
         irregular[samples[~ok]] = True
-        rounds.append(Member(samples, at, data, size, key_end, name_end, name))
+        rounds.append(MemberColumns(samples, at, data, size, key_end, name_end, name))
         more = ok & (after < ends[samples])
         samples, at = samples[more], after[more]
     return Walk(rounds, irregular)

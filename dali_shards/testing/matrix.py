@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from dali_shards.options import option_default
 from dali_shards.testing import contract
 
 AXES: Dict[str, Tuple[str, ...]] = {
@@ -42,7 +43,7 @@ WORLD, WORKERS, BATCH, STOP, ELASTIC = 2, 2, 4, 3, 3
 @dataclass(frozen=True)
 class Config:
     start: str = "fork"
-    transfer: str = "ring"
+    transfer: str = option_default("transfer")
     plan: str = "interleaved"
     source: str = "one"
     storage: str = "local"

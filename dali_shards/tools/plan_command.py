@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any
+from typing import Any, Dict
 
 from dali_shards.errors import ConfigError
-from dali_shards.options import BATCHING, ShardedOptions, StorageOptions, option_default
-from dali_shards.plan.epoch import LAST_BATCH_MODES
-from dali_shards.plan.mixture import Stream
+from dali_shards.options import Batching, LastBatch, ShardedOptions, StorageOptions, option_default
+from dali_shards.stream import Stream
 from dali_shards.setup.mixing import resolve_shards
 from dali_shards.setup.planspec import plan_specs
-from dali_shards.tools.plan_report import plan_summary
+from dali_shards.tools.plan_report import plan_report, streaming_report
 
 _STREAM = re.compile(r"^(proportion|repeat|choose)=([^:]+):(.+)$")
 
@@ -43,8 +42,12 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    "proportion=P:PATTERN (a share of what --epoch-size leaves), repeat=R:PATTERN (R times its size), "
                    "choose=N:PATTERN (N samples)")  # fmt: skip
     p.add_argument("--epoch-size", type=int, help="a mix's samples per epoch (default: the streams' counts summed)")
-    p.add_argument("--batching", choices=BATCHING, default="random",
-                   help="a mix's batches: random, or stratified (each stream's share in every batch)")  # fmt: skip
+    p.add_argument("--batching", choices=[b.value for b in Batching],
+                   help=f"a mix's batches: random, or stratified (each stream's share in every batch; default "
+                   f"{option_default('batching')})")  # fmt: skip
+    p.add_argument("--samples-per-epoch", type=int,
+                   help="plan the streaming mode: each worker streams its shards, this many samples per epoch in all "
+                   "(shards need no sample counts)")  # fmt: skip
     p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
     p.add_argument("--workers", type=int, required=True, help="py_num_workers per rank")
     # "--batch" stays the short form of --batch-size (not ambiguous with --batching)
@@ -52,7 +55,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=int, default=0, help="the epoch to plan (default 0)")
     p.add_argument("--seed", type=int, default=option_default("seed"), help="shuffle seed (default %(default)s)")
     p.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch (shuffle=True)")
-    p.add_argument("--last-batch", choices=LAST_BATCH_MODES, default=option_default("last_batch"),
+    p.add_argument("--last-batch", choices=[m.value for m in LastBatch], default=option_default("last_batch"),
                    help="pad: every sample once, the last batches padded; drop: whole batches only "
                    "(default %(default)s)")  # fmt: skip
     p.add_argument("--shuffle-buffer", type=int, default=option_default("shuffle_buffer"),
@@ -68,7 +71,7 @@ def _options(args: argparse.Namespace, config: StorageOptions) -> ShardedOptions
     if args.stream and args.patterns:
         raise ConfigError("give the shards as patterns (one dataset) or as --stream (a mix), not both")
     if not args.stream:
-        if args.epoch_size is not None or args.batching != "random":
+        if args.epoch_size is not None or args.batching is not None:
             raise ConfigError("--epoch-size and --batching plan a mix: give its streams with --stream")
         if not args.patterns:
             raise ConfigError("no shards given: give patterns, or streams with --stream")
@@ -77,7 +80,7 @@ def _options(args: argparse.Namespace, config: StorageOptions) -> ShardedOptions
         source=source, fields=("__index__",), batch_size=args.batch_size, py_num_workers=args.workers,
         world_size=args.world_size, rank=0, seed=args.seed, shuffle=args.shuffle, last_batch=args.last_batch,
         shuffle_buffer=args.shuffle_buffer, shuffle_block=args.shuffle_block, epoch_size=args.epoch_size,
-        batching=args.batching, storage=config,
+        batching=args.batching or option_default("batching"), samples_per_epoch=args.samples_per_epoch, storage=config,
     )  # fmt: skip
 
 
@@ -86,8 +89,10 @@ def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
     (resolved the same way: ``setup.planspec.plan_specs``)."""
     options = _options(args, config)
     shards, mix = resolve_shards(options)
-    spec, _ = plan_specs(options, shards, args.world_size, mix)
-    summary = plan_summary(spec, shards, args.epoch, [s.source for s in args.stream or ()])
+    spec, streaming = plan_specs(options, shards, args.world_size, mix)
+    if streaming is not None:
+        return _print_streaming(streaming_report(streaming, shards, args.epoch), args.json)
+    summary = plan_report(spec, shards, args.epoch, [s.source for s in args.stream or ()])
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
@@ -112,4 +117,19 @@ def run_plan(args: argparse.Namespace, config: StorageOptions) -> int:
             pad = f" + {w['padding']} padding" if w["padding"] else ""
             per = f" (per stream {w['per_stream']})" if "per_stream" in w else ""
             print(f"  worker {w['worker']} (virtual {w['virtual_worker']}): {w['samples']} samples{per}{pad}; reads {reads}")
+    return 0
+
+
+def _print_streaming(summary: Dict[str, Any], as_json: bool) -> int:
+    """The streaming mode's plan: each worker's shards, in the order its epoch's first pass reads them."""
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"streaming {summary['samples_per_epoch']} samples per epoch from {summary['shards']} shards (no exactly-once: "
+          f"an endless stream per worker); {summary['steps_per_rank']} steps on every rank, {summary['quota']} samples "
+          "per worker")  # fmt: skip
+    for r in summary["ranks"]:
+        print(f"rank {r['rank']}:")
+        for w in r["workers"]:
+            print(f"  worker {w['worker']} (virtual {w['virtual_worker']}): streams {', '.join(w['shards'])}")
     return 0

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Seque
 import numpy as np
 
 from dali_shards.errors import ConfigError
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.worker.config import WorkerConfig
 
 Sizes = Callable[[], Sequence[Tuple[float, int, str]]]  # (bytes, tie-break, name) of the fields that may be a payload
@@ -39,7 +39,7 @@ class Handover(Protocol):
         ...
 
     def slot_layout(self, sizes: Sizes) -> Tuple[bool, Optional[str]]:
-        """(table form?, payload) of a sample's slot (``shm/packing.py``); ``sizes()`` ranks the
+        """(table form?, payload) of a sample's slot (``ipc/packing.py``); ``sizes()`` ranks the
         fields that may be the payload."""
         ...
 

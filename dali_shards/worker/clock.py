@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 class StepClock:
     """``steps`` steps of ``epoch`` (fewer where the main process cuts the epoch), stamped in a
-    worker's ``stamps`` (``shm.control.WorkerStamps``, or ``NO_STAMPS``): iterate it for the step
+    worker's ``stamps`` (``ipc.control.WorkerStamps``, or ``NO_STAMPS``): iterate it for the step
     numbers, from 0."""
 
     def __init__(self, stamps: Any, epoch: int, steps: int):

@@ -2,7 +2,7 @@
 (the first present of ``"jpg;png"``), the image check of image members, and, without a ``map``,
 ``.cls``-like members parsed as integers and ``.npy`` members loaded; a member that is missing or
 bad is a ``ShardFormatError`` naming the shard, the sample and the field. What the values then
-become in a batch's slot is the slot format's (``shm/packing.py``). Imports no DALI.
+become in a batch's slot is the slot format's (``ipc/packing.py``). Imports no DALI.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 from dali_shards.errors import ShardFormatError
 from dali_shards.fields import FieldInfo, FieldKind, input_spec
 from dali_shards.options import ImageCheck, option_default
-from dali_shards.shm.packed import FieldSpec
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import FieldSpec
+from dali_shards.ipc.packing import Packing
 from dali_shards.tar.header import printable
 from dali_shards.tar.members import RawSample
 from dali_shards.worker.decoders import decode_int, decode_npy

@@ -13,7 +13,7 @@ from dali_shards.options import OnError, StorageOptions, option_default
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.mode import Mode, Planned
 from dali_shards.plan.streaming import StreamingSpec
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 
@@ -50,7 +50,7 @@ class WorkerConfig:
     stage: Optional[SampleStage] = field(default=None, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
     storage: StorageOptions = field(default_factory=StorageOptions)
-    start_epoch: int = 0
+    start_epoch: int = option_default("start_epoch")
     shuffle_buffer: int = option_default("shuffle_buffer")
     control: Optional[str] = None
     excluded: FrozenSet[int] = field(default=frozenset(), compare=False, repr=False)

@@ -24,13 +24,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from dali_shards.worker.grouped import GroupedStep, StepGroup, first_seen
-from dali_shards.worker.located import NotDirect, aligned, excluded, layout, locate, offset_columns, read_spans
-from dali_shards.shm.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed, table_rows
+from dali_shards.worker.located import NotDirect, aligned, any_excluded, layout, located_fields, offset_columns, read_spans
+from dali_shards.ipc.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed, table_rows
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Skipped
 from dali_shards.worker.standin import StandIn
-from dali_shards.shm.tables import Grow
+from dali_shards.ipc.tables import Grow
 from dali_shards.fields import FieldKind
 from dali_shards.plan.mode import Planned
 
@@ -135,13 +135,13 @@ class DirectStep:
 
     # -- the fast path ---------------------------------------------------------------------
     def _direct(self, out: np.ndarray) -> int:
-        if not self.epoch.sane[self.unique].all() or excluded(self.reading, self.epoch.index[self.unique]):
+        if not self.epoch.sane[self.unique].all() or any_excluded(self.reading, self.epoch.index[self.unique]):
             raise NotDirect()  # (before any slot is asked for: an insane span claims any size)
         if self.capacity > len(out):
             raise Grow(self.capacity)
         read_spans(self.reading, self.unique, self.spans, out, self.starts)
         ends = self.starts + (self.spans[:, 1] - self.spans[:, 0])
-        fields = locate(self.reading, self.epoch.index[self.unique], self.unique, out, self.starts, ends)
+        fields = located_fields(self.reading, self.epoch.index[self.unique], self.unique, out, self.starts, ends)
         rows = table_rows(out, len(self.places), self.packing.header_columns)
         which = self.which
         rows[:, INDEX_COLUMN] = self.epoch.index[self.unique][which]

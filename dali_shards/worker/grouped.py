@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from dali_shards.shm.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN
-from dali_shards.shm.tables import Grow
-from dali_shards.worker.located import NotDirect, aligned, excluded, locate, read_spans
+from dali_shards.ipc.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN
+from dali_shards.ipc.tables import Grow
+from dali_shards.worker.located import NotDirect, aligned, any_excluded, located_fields, read_spans
 
 GROUP_SAMPLES = 256  # a group holds steps until it has this many samples...
 GROUP_BYTES = 16 << 20  # ... or this many bytes (at least one step): a worker's memory for groups
@@ -74,7 +74,7 @@ class StepGroup:
 
     def _make(self, total: int, starts: np.ndarray) -> None:
         epoch, unique, m = self.epoch, self.unique, self.m
-        if not epoch.sane[unique].all() or excluded(epoch.reading, epoch.index[unique]):
+        if not epoch.sane[unique].all() or any_excluded(epoch.reading, epoch.index[unique]):
             raise NotDirect()
         source = epoch.source  # one buffer per worker, for all its groups
         if len(source.group_buf) < total:  # with room to spare: an allocation or two per run
@@ -82,7 +82,7 @@ class StepGroup:
         self.buf = source.group_buf
         read_spans(epoch.reading, unique, epoch.spans[unique], self.buf, starts)
         ends = starts + self.lengths
-        fields = locate(epoch.reading, epoch.index[unique], unique, self.buf, starts, ends)
+        fields = located_fields(epoch.reading, epoch.index[unique], unique, self.buf, starts, ends)
         packing = epoch.reading.cfg.packing
         rows = self.rows = np.empty((len(self.which), packing.header_columns), dtype=np.int64)
         rows[:, INDEX_COLUMN] = epoch.index[unique][self.which]

@@ -30,7 +30,7 @@ def aligned(size: Any) -> Any:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
-def excluded(reading: Any, index: np.ndarray) -> bool:
+def any_excluded(reading: Any, index: np.ndarray) -> bool:
     """Whether one of these samples is one DALI failed on (the general way skips it)."""
     skip = reading.cfg.excluded
     return bool(skip) and any(int(i) in skip for i in index.tolist())
@@ -72,7 +72,7 @@ def read_spans(reading: Any, unique: np.ndarray, spans: np.ndarray, buf: np.ndar
             raise NotDirect()
 
 
-def locate(reading: Any, index: np.ndarray, unique: np.ndarray, buf: np.ndarray, starts: np.ndarray,
+def located_fields(reading: Any, index: np.ndarray, unique: np.ndarray, buf: np.ndarray, starts: np.ndarray,
            ends: np.ndarray) -> List[Tuple[int, np.ndarray]]:  # fmt: skip
     """(header column, value per sample) of every field the rows carry, for the samples at
     ``unique`` (``index``: their ``__index__``) read into ``buf`` at ``[starts, ends)``; offsets are

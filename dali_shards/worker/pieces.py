@@ -34,7 +34,7 @@ from dali_shards.catalog.scan import scan_shard
 from dali_shards.errors import WorkerError
 from dali_shards.io.storage import local_path
 from dali_shards.plan.resume import Plan
-from dali_shards.plan.geometry import Segment
+from dali_shards.plan.geometry import Stretch
 from dali_shards.io.storage import READ_ERRORS
 from dali_shards.worker.reader import Item, ShardFailed, ShardReader, Skipped, fewer_than_planned, shard_failed
 
@@ -44,7 +44,7 @@ log = logging.getLogger("dali_shards")
 
 
 def read_segments(
-    plan: Plan, segments: List[Segment], needed: Callable[[int], bool], reader: ShardReader
+    plan: Plan, segments: List[Stretch], needed: Callable[[int], bool], reader: ShardReader
 ) -> Generator[Tuple[int, Item], None, None]:
     """(epoch position, packed sample) of the ``needed`` samples in ``segments``, in reading order;
     the others are passed over by their headers. Under ``on_error="skip"`` every needed sample
@@ -58,7 +58,7 @@ def read_segments(
 
 
 def _read_segment(
-    plan: Plan, seg: Segment, opener: Any, needed: Callable[[int], bool], reader: ShardReader
+    plan: Plan, seg: Stretch, opener: Any, needed: Callable[[int], bool], reader: ShardReader
 ) -> Generator[Tuple[int, Item], None, None]:
     """``read_segments`` for one segment."""
     offset = int(plan.canonical_starts[seg.shard])
@@ -98,7 +98,7 @@ def local_offsets(reader: ShardReader, shard: int) -> Optional[np.ndarray]:
     return scan_shard(cfg.urls[shard], config=cfg.storage).offsets
 
 
-def stretches(order: np.ndarray, shards: np.ndarray, local: np.ndarray) -> Dict[int, Segment]:
+def stretches(order: np.ndarray, shards: np.ndarray, local: np.ndarray) -> Dict[int, Stretch]:
     """Per shard, the stretch from the first to the last of its samples in ``order``."""
     out = {}
     by_shard = np.lexsort((local, shards))
@@ -106,7 +106,7 @@ def stretches(order: np.ndarray, shards: np.ndarray, local: np.ndarray) -> Dict[
     for group in np.split(by_shard, cuts):
         if len(group):
             first, last = group[0], group[-1]
-            out[int(shards[first])] = Segment(int(shards[first]), int(local[first]), int(local[last]) + 1, int(order[first]))
+            out[int(shards[first])] = Stretch(int(shards[first]), int(local[first]), int(local[last]) + 1, int(order[first]))
     return out
 
 
@@ -132,7 +132,7 @@ class Interleaved:
         self.failed: Dict[int, str] = {}
         self.cursors: Dict[int, Generator[Tuple[int, Item], None, None]] = {}
         self.held: Dict[int, Dict[int, Item]] = {}  # per shard read through a cursor: samples read ahead of their turn
-        self.stretches: Optional[Dict[int, Segment]] = None
+        self.stretches: Optional[Dict[int, Stretch]] = None
         self.left = Counter(self.shards)
         self.files = LocalFiles()
         self.remote: Dict[int, int] = {}  # position in the order -> span index of the fetcher
@@ -145,7 +145,7 @@ class Interleaved:
                 self.remote[k] = len(spans)
                 spans.append(Span(cfg.urls[s], cfg.byte_sizes[s], int(offs[i]), int(offs[i + 1])))
         self.fetcher: Optional[RangeFetcher] = None
-        if spans:  # a worker reads about block / py_num_workers shards at once (see plan.interleave)
+        if spans:  # a worker reads about block / py_num_workers shards at once (see plan.legacy_interleave)
             window = cfg.storage.read_window
             at_once = min(len(set(self.shards)), -(-plan.block // cfg.spec.py_num_workers) + 1)
             per_shard: Counter[str] = Counter()

@@ -2,7 +2,7 @@
 its ``mini_batch`` packed samples for that step (padding and stand-ins for skipped samples
 included), nothing about how they reach DALI.
 
-A :class:`WorkerSource` lives in the worker process that reads for it (a transfer starts it
+A :class:`PlannedWorkerSource` lives in the worker process that reads for it (a transfer starts it
 there: see ``dali_shards.transfer``); ``source.epoch(e)`` is the iterator of epoch ``e``'s
 mini-batches. It stamps its progress in the pipeline's control block and ends an epoch early where
 the main process cut it short. The module imports no DALI.
@@ -21,9 +21,9 @@ from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.mode import Planned
 from dali_shards.plan.resume import Plan, epoch_plan
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.control import NO_STAMPS
+from dali_shards.ipc.control import NO_STAMPS
 from dali_shards.worker.direct import DirectBatches, direct_fits
-from dali_shards.shm.packed import Packed
+from dali_shards.ipc.packed import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import Item, ShardReader, Skipped
@@ -40,7 +40,7 @@ class Ahead(NamedTuple):
     reading: Interleaved
 
 
-class WorkerSource:
+class PlannedWorkerSource:
     """The mini-batches of one local worker (``config``), epoch by epoch (``epoch(e)``), stamped in
     its control-block ``slot``. Nothing is opened before an epoch's first mini-batch is asked for.
     When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
@@ -149,7 +149,7 @@ class Pending:
 class EpochBatches:
     """Iterator over one epoch's mini-batches of one worker (lists of ``mini_batch`` packed samples)."""
 
-    def __init__(self, source: WorkerSource, epoch: int):
+    def __init__(self, source: PlannedWorkerSource, epoch: int):
         self.source = source
         self.epoch = epoch
         self._clock: Optional[Iterator[int]] = None

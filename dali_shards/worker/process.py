@@ -15,7 +15,7 @@ import threading
 from typing import Optional
 
 from dali_shards.errors import WorkerError
-from dali_shards.shm.control import NO_STAMPS, WorkerStamps
+from dali_shards.ipc.control import NO_STAMPS, WorkerStamps
 from dali_shards.worker.parent import beat_for, watch_parent
 
 _entered: Optional[int] = None

@@ -24,7 +24,7 @@ from dali_shards.tar.format import TarReader
 from dali_shards.tar.header import printable
 from dali_shards.tar.scan import key_fingerprint
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packed import Packed
+from dali_shards.ipc.packed import Packed
 
 log = logging.getLogger("dali_shards")
 _CHANGED_HINT = "the shard changed after it was counted; rebuild its manifest (dali-shards index) or restart so it is scanned again"
@@ -55,7 +55,7 @@ class Skipped(NamedTuple):
     reason: str
 
 
-def excluded(index: int, url: str, key: Optional[str]) -> Skipped:
+def skipped_again(index: int, url: str, key: Optional[str]) -> Skipped:
     """A sample DALI's operators failed on earlier in the run, skipped again (not logged again)."""
     return Skipped(index, url, key, "DALI's operators failed on it earlier in this run")
 
@@ -127,7 +127,7 @@ class ShardReader:
         self.progress()
         cfg, url = self.config, self.config.urls[shard]
         if index in cfg.excluded:
-            return excluded(index, url, None)
+            return skipped_again(index, url, None)
         try:
             sample = fast_sample(data, url, position, cfg.codec.extensions) if len(data) == span[1] - span[0] else None
             if sample is None:  # anything out of the ordinary: the general reader accepts or names it
@@ -149,7 +149,7 @@ class ShardReader:
 
     def _pack(self, sample, url: str, index: int, shard: int) -> Item:
         if index in self.config.excluded:
-            return excluded(index, url, sample.key)
+            return skipped_again(index, url, sample.key)
         try:
             self._check_key(sample, shard)
             assert self.config.stage is not None  # WorkerConfig sets it

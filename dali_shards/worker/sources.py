@@ -7,9 +7,9 @@ from typing import Iterator, List, Protocol, Union
 
 from dali_shards.plan.mode import Streaming
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.control import NO_STAMPS
-from dali_shards.shm.packed import Packed
-from dali_shards.worker.planned import WorkerSource
+from dali_shards.ipc.control import NO_STAMPS
+from dali_shards.ipc.packed import Packed
+from dali_shards.worker.planned import PlannedWorkerSource
 from dali_shards.worker.streaming import StreamingWorkerSource
 
 
@@ -19,9 +19,9 @@ class EpochSource(Protocol):
     def epoch(self, epoch: int) -> Iterator[List[Packed]]: ...
 
 
-def make_source(config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False) -> Union[WorkerSource, StreamingWorkerSource]:
+def make_source(config: WorkerConfig, stamps=NO_STAMPS, direct: bool = False) -> Union[PlannedWorkerSource, StreamingWorkerSource]:
     """The source of local worker ``config.worker``: planned or streaming, as its mode says;
     ``direct``: its steps may be table writers that read straight into the ring's slots."""
     if isinstance(config.mode, Streaming):
         return StreamingWorkerSource(config, config.mode, stamps)
-    return WorkerSource(config, config.mode, stamps, direct=direct)
+    return PlannedWorkerSource(config, config.mode, stamps, direct=direct)

@@ -1,7 +1,7 @@
 """The Python stage of a worker: what becomes of a sample between its members and its batch slot.
 
 Without a ``map`` the codec takes the members as they are (``worker/codec.py``: integers parsed,
-``.npy`` loaded) and the slot format packs them (``shm/packing.py``). With one, the requested
+``.npy`` loaded) and the slot format packs them (``ipc/packing.py``). With one, the requested
 fields are decoded (``worker/decoders.py``, or the user's ``decoders``) into a dict, with
 ``"__key__"``; the map's dict of outputs is checked against the types the first sample fixed
 (``worker/outputs.py``) and packed. With ``bucket_by``, the sample's length is computed too (from
@@ -21,11 +21,12 @@ from dali_shards.errors import ConfigError, ShardError, ShardFormatError, ShardM
 from dali_shards.tar.members import RawSample
 from dali_shards.worker.codec import SPECIAL, SampleCodec
 from dali_shards.worker.decoders import builtin_decoder
-from dali_shards.shm.packed import Packed
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import Packed
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, conform
 from dali_shards.worker.usercode import Portable, failure, interrupted, seed_user_rngs
 from dali_shards.fields import INDEX, KEY, VALID, FieldKind
+from dali_shards.options import option_default
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -42,7 +43,7 @@ class SampleStage:
         mapper: Optional[Portable] = None,
         decoders: Optional[Mapping[str, Optional[Portable]]] = None,
         bucket_by: Optional[Portable] = None,
-        seed: int = 0,
+        seed: int = option_default("seed"),
     ):
         self.codec = codec
         self._packing = packing

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from dali_shards.errors import ShardError, ShardFormatError
-from dali_shards.shm.packed import Packed
+from dali_shards.ipc.packed import Packed
 
 
 class StandIn:

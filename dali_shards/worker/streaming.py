@@ -11,8 +11,8 @@ from dali_shards.plan.random import TAG_STREAM_BUFFER, bitgen, random_ints
 from dali_shards.plan.mode import Streaming
 from dali_shards.plan.streaming import stream_index
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.control import NO_STAMPS
-from dali_shards.shm.packed import Packed
+from dali_shards.ipc.control import NO_STAMPS
+from dali_shards.ipc.packed import Packed
 from dali_shards.worker.clock import StepClock
 from dali_shards.worker.reader import ShardFailed, ShardReader, Skipped
 

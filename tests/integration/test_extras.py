@@ -11,3 +11,23 @@ def test_the_pytorch_adapter_without_torch_names_the_extra():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ImportError torch dali_shards.pytorch needs PyTorch"), out.stdout
     assert "pip install 'dali-shards[torch]'" in out.stdout
+
+
+def _imports(code):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_the_jax_adapter_without_jax_names_the_extra():
+    out = _imports("import sys; sys.modules['jax'] = None\n"
+                   "try:\n    import dali_shards.jax\nexcept ImportError as exc:\n    print(type(exc).__name__, exc.name, exc)\n")
+    assert out.startswith("ImportError jax dali_shards.jax needs JAX") and "pip install 'dali-shards[jax]'" in out, out
+
+
+def test_the_package_needs_neither_torch_nor_jax_and_the_jax_adapter_no_torch():
+    blocked = "import sys; sys.modules.update(dict.fromkeys(%r))\n"
+    assert "ok" in _imports(blocked % (("torch", "jax", "jaxlib"),) + "import dali_shards, dali_shards.session; print('ok')")
+    out = _imports(blocked % (("torch",),) + "import dali_shards.jax, dali_shards.jax.checkpoint\n"
+                   "from dali_shards.jax import CheckpointSave, DALIShardedIterator; print('ok')")
+    assert "ok" in out

@@ -63,7 +63,7 @@ def test_http_pieces_come_in_ranged_requests_exactly_once_through_faults(shard_d
 def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
     from dali_shards.options import ShardedOptions
     from dali_shards.setup.resolve import resolve
-    from dali_shards.worker.planned import WorkerSource
+    from dali_shards.worker.planned import PlannedWorkerSource
 
     def samples(source, epoch):
         """One epoch of a worker source, every sample's table bytes (padding included)."""
@@ -74,7 +74,7 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
         options = ShardedOptions.from_keywords(source=f"{http.url}/{PATTERN}", fields=("__index__", "jpg"),
                                                batch_size=4, py_num_workers=2, shuffle=True, seed=5)  # fmt: skip
         config = resolve(options).workers[1]
-        source = WorkerSource(config, config.mode)
+        source = PlannedWorkerSource(config, config.mode)
         assert samples(source, 0)
         ahead = source.ahead
         assert ahead is not None and ahead.plan.epoch == 1, "epoch 1 started before it was asked for"
@@ -85,7 +85,7 @@ def test_the_next_epoch_is_fetched_while_this_one_is_read(shard_dir):
         second = samples(source, 1)
         assert source.ahead is not None and source.ahead.plan.epoch == 2, "and epoch 2 while epoch 1 was read"
 
-        plain = WorkerSource(config, config.mode)
+        plain = PlannedWorkerSource(config, config.mode)
         samples(plain, 0)
         plain.take_ahead(-1)  # dropped: epoch 1 read from scratch
         assert plain.ahead is None and samples(plain, 1) == second, "the same batches with or without a head start"

@@ -72,6 +72,21 @@ def test_training_example_on_the_builtin_data_and_resume(tmp_path):
     assert json.loads((ck / "loader.json").read_text())["epoch"] == 3
 
 
+def test_jax_example_trains_on_the_builtin_data_exactly_once_and_checkpoints_through_orbax(tmp_path):
+    pytest.importorskip("optax")
+    ck = tmp_path / "ck"
+    out = run([sys.executable, "examples/jax_train.py", "--out-dir", str(tmp_path), "--checkpoint", str(ck)], 300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("training images exactly once") == 2 and "images/s" in out.stdout
+    epochs = _log(tmp_path / "train_log.jsonl")
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    for e in epochs:
+        assert e["val_images"] == e["val_images_expected"] == 47 and e["train_images"] == 47 and e["exactly_once"]
+        assert e["train_loss"] == e["train_loss"] and 0 <= e["top1"] <= 1 and e["steps"] == 6  # not NaN
+    state = json.loads((ck / "1" / "loader" / "process_0-of-1.json").read_text())  # saved after epoch 1 ended
+    assert state["epoch"] == 2 and state["history"] == [] and (ck / "1" / "model").is_dir()
+
+
 def test_text_example_tokenizes_in_the_workers_and_bucketing_cuts_padding(tmp_path):
     """The language-model example: stdlib docstrings as shards, a tokenizer's bound method as the
     map, bucketed batches padded by DALI; one short epoch."""
@@ -251,6 +266,17 @@ def test_throughput_benchmark_runs(tmp_path):
     assert os.listdir(tmp) == [], "the measurement processes leave nothing in $TMPDIR"
 
 
+def test_jax_throughput_benchmark_runs(tmp_path):
+    pytest.importorskip("jax")
+    result = tmp_path / "jax.json"
+    out = run([sys.executable, "benchmarks/jax_throughput.py", "--samples", "256", "--batch-size", "32", "--rounds", "1",
+               "--epochs", "1", "--mode", "decode", "--data-dir", str(tmp_path / "data"), "--out", str(result)], 600)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(result.read_text())
+    assert set(report["results"]) == {"pytorch", "jax"} and all(r["samples_per_s"] > 0 for r in report["results"].values())
+    assert report["ratios"]["jax_vs_pytorch"] > 0 and "| jax |" in (tmp_path / "jax.md").read_text()
+
+
 def test_shuffle_quality_benchmark_runs(tmp_path):
     out = run([sys.executable, "benchmarks/shuffle_quality.py", "--classes", "40", "--per-class", "50",
                "--shard-size", "100", "--ranks", "1,2", "--workers", "2", "--batches", "8", "--steps", "4",
@@ -334,9 +360,9 @@ def test_worker_cost_stages_name_modules_that_exist(monkeypatch):
         assert os.path.exists(os.path.join(ROOT, "dali_shards", suffix)), suffix
     package = os.path.join(ROOT, "dali_shards")
     assert worker_cost.stage_of(os.path.join(package, "tar", "blocks.py"), "parse_round") == "parse"
-    assert worker_cost.stage_of(os.path.join(package, "worker", "located.py"), "locate") == "parse"
+    assert worker_cost.stage_of(os.path.join(package, "worker", "located.py"), "located_fields") == "parse"
     assert worker_cost.stage_of(os.path.join(package, "worker", "imagecheck.py"), "_jpegs_ok") == "check"
-    assert worker_cost.stage_of(os.path.join(package, "shm", "packing.py"), "pack") == "pack"
-    assert worker_cost.stage_of(os.path.join(package, "shm", "tables.py"), "write") == "hand-over"
+    assert worker_cost.stage_of(os.path.join(package, "ipc", "packing.py"), "pack") == "pack"
+    assert worker_cost.stage_of(os.path.join(package, "ipc", "tables.py"), "write") == "hand-over"
     assert worker_cost.stage_of("~", "<built-in method posix.preadv>") == "read"
     assert worker_cost.stage_of(os.path.join(package, "worker", "direct.py"), "__next__") == "plan and order"

@@ -193,7 +193,7 @@ def test_drop_leaves_out_the_last_partial_batch_of_draws_as_the_plan_and_the_aud
     """last_batch="drop" with a mix: the draws of the last partial global batch are left out, so a
     stream delivers up to its share of them fewer than its count; `dali-shards plan` and the audit
     give each stream's deliveries alike (docs/mixing.md)."""
-    from dali_shards.tools.plan_report import plan_summary
+    from dali_shards.tools.plan_report import plan_report
 
     pipe = mixed(streams, batching=batching, last_batch="drop", epoch_size=63, world_size=1)()
     info = pipe.dali_shards
@@ -203,6 +203,6 @@ def test_drop_leaves_out_the_last_partial_batch_of_draws_as_the_plan_and_the_aud
         got = Counter(s for step in steps for _, s in step)
         delivered = [got[i] for i in range(3)]
         assert audit["exactly_once"] and audit["per_stream"] == audit["expected_per_stream"] == delivered
-        planned = [s["delivered"] for s in plan_summary(info.spec, info.shards, epoch, streams)["streams"]]
+        planned = [s["delivered"] for s in plan_report(info.spec, info.shards, epoch, streams)["streams"]]
         assert planned == delivered and sum(delivered) == 60, f"epoch {epoch}"
         assert all(c - 3 <= d <= c for c, d in zip(info.mixture.counts, delivered))

@@ -1,6 +1,7 @@
 """`dali-shards plan` prints the plan the pipeline's workers follow, in every planned mode: each
 worker's samples as printed are the samples that worker delivers (interleaved, contiguous runs,
-compressed shards falling back to contiguous runs, a random and a stratified mix, bucketing)."""
+compressed shards falling back to contiguous runs, a random and a stratified mix, bucketing), and
+in the streaming mode each worker's shards in their order."""
 
 import json
 import os
@@ -78,3 +79,27 @@ def test_the_printed_plan_is_what_the_workers_read(tmp_path, capsys, mode):
                        bucket_window=8, outputs="index")  # fmt: skip
     summary = printed(args, capsys)
     assert reads(summary, paths) == delivered(source, **options)
+
+
+def test_the_printed_streaming_plan_is_what_the_workers_stream(tmp_path, capsys):
+    """The streaming mode (shards without counts): each worker delivers its quota, every sample from
+    the shards the plan says it streams, in the printed order (no buffer shuffle to hide it)."""
+    paths = write_dataset(str(tmp_path / "a"), SIZES, 0)
+    tars = sorted(p for p in paths if p.endswith(".tar"))
+    summary = printed([*tars, "--samples-per-epoch", "40", "--epoch", "1", "--shuffle-buffer", "1"], capsys)
+    shard_of = {os.path.basename(p): i for i, p in enumerate(tars)}
+    seen = defaultdict(list)
+    for rank in range(2):
+        pipe = identity_pipeline(tars, ("__index__",), **LAYOUT, samples_per_epoch=40, start_epoch=1,
+                               shuffle_buffer=1)(rank=rank)
+        for (batch,) in DALIShardedIterator(pipe, ["index"]):
+            for slot, i in enumerate(batch["index"].reshape(-1).tolist()):
+                seen[rank * 2 + slot // 2].append(i >> 32)  # a streamed __index__: (shard << 32) | position
+    for rank in summary["ranks"]:
+        for w in rank["workers"]:
+            streams = [shard_of[name] for name in w["shards"]]
+            got = seen[w["virtual_worker"]]
+            assert len(got) == w["samples"] == summary["quota"]
+            runs = [s for k, s in enumerate(got) if k == 0 or got[k - 1] != s]  # the shards, as read one after another
+            first_pass = [s for s in streams if SIZES[s]][: len(runs)]
+            assert set(got) <= set(streams) and runs[: len(first_pass)] == first_pass

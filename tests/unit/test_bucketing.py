@@ -11,7 +11,7 @@ from dali_shards.errors import ConfigError
 from dali_shards.plan.bucket import window_order, window_steps
 from dali_shards.plan.epoch import EpochPlan, PlanSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.merge.layout import table_place
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.transfer.merge.source import MergeSource

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from dali_shards import ConfigError
-from dali_shards.shm.control import ControlBlock, WorkerStamps, WorkerStatus, remove_stale
+from dali_shards.ipc.control import ControlBlock, WorkerStamps, WorkerStatus, remove_stale
 from dali_shards.supervise import stuck_worker
 
 
@@ -125,7 +125,7 @@ def test_parent_death_signal_only_for_workers_forked_by_the_main_thread():
 
 ORPHAN = """
 import os, threading, time
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.worker.process import attach_stamps, entered_process
 
 block = ControlBlock.create(1)

@@ -26,7 +26,7 @@ from dali_shards.worker import direct, grouped
 from dali_shards.worker.direct import DirectBatches, DirectStep
 from dali_shards.worker.grouped import GroupedStep
 from dali_shards.worker.sources import make_source
-from dali_shards.shm.tables import as_table
+from dali_shards.ipc.tables import as_table
 
 PHOTOS = [open(p.path, "rb").read() for p in sample_images()]
 FIELDS = ("jpg;png", "cls", "__key__", "__index__", "__valid__")

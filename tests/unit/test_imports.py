@@ -69,5 +69,8 @@ def test_no_import_cycles():
 
 def test_the_options_layer_imports_nothing_above_it():
     edges = graph()
-    assert edges["dali_shards.options"] <= {"dali_shards.errors", "dali_shards.fields"}
+    assert edges["dali_shards.options"] <= {"dali_shards.errors", "dali_shards.fields", "dali_shards.stream",
+                                             "dali_shards.choices"}
+    assert edges["dali_shards.choices"] <= {"dali_shards.errors", "dali_shards.fields"}
     assert edges["dali_shards.fields"] <= {"dali_shards.errors"}
+    assert edges["dali_shards.stream"] <= {"dali_shards.errors"}  # a mix's Stream, told apart by the options

@@ -14,8 +14,8 @@ from dali_shards.catalog.scan import scan_shards
 from dali_shards.errors import ShardAccessError, ShardFormatError
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.worker.config import WorkerConfig
-from dali_shards.shm.packed import STATUS_SKIPPED
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import STATUS_SKIPPED
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.merge.layout import table_place
 from dali_shards.transfer.merge.source import MergeSource
 

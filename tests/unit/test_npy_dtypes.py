@@ -11,7 +11,7 @@ from dali_shards.tar.members import RawSample
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import resolve
 from dali_shards.testing.shards import npy, write_shards
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage
 from dali_shards.worker.outputs import DALI_DTYPES

@@ -112,3 +112,68 @@ def test_storage_options_are_frozen_and_keyword_only():
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.read_ahead = 3  # type: ignore[misc]
     assert set(STORAGE_KEYWORDS) <= {f.name for f in dataclasses.fields(StorageOptions)}
+
+
+def _literal_defaults_outside_options(root=None):
+    """(path, line, option) for every literal default of an option written outside ``options.py``:
+    a parameter, a dataclass field or an argparse ``default=`` of the option's name whose value is
+    the option's default (it should say ``option_default(name)``)."""
+    import ast
+    import inspect
+    import pathlib
+
+    defaults = {}
+    for cls in (ShardedOptions, StorageOptions):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING and f.default is not None:
+                defaults[f.name] = getattr(f.default, "value", f.default)
+    found = []
+    root = root or pathlib.Path(inspect.getsourcefile(ShardedOptions)).parent
+    for path in pathlib.Path(root).rglob("*.py"):
+        if path.name == "options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for name, value in _defaults_in(node):
+                try:
+                    literal = ast.literal_eval(value)
+                except ValueError:
+                    continue
+                if name in defaults and name not in _OTHER_MEANINGS.get(path.name, ()) and literal == defaults[name]:
+                    found.append((str(path), value.lineno, name))
+    return found
+
+
+# names an option shares with something else: `dali-shards write --seed` seeds the writer's shuffle
+_OTHER_MEANINGS = {"folderwriter.py": ("seed",), "write_command.py": ("seed",)}
+
+
+def _defaults_in(node):
+    import ast
+
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        positional = a.posonlyargs + a.args
+        yield from ((x.arg, d) for x, d in zip(positional[len(positional) - len(a.defaults):], a.defaults))
+        yield from ((x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)
+    elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        yield node.target.id, node.value
+    elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
+        flag = getattr(node.args[0], "value", "")
+        if isinstance(flag, str):
+            yield from ((flag.lstrip("-").replace("-", "_"), k.value) for k in node.keywords if k.arg == "default")
+
+
+def test_every_options_default_is_written_once():
+    """Every option with a default: no parameter, field or command-line flag of its name repeats it."""
+    assert not _literal_defaults_outside_options(), "write option_default(name) instead"
+
+
+def test_the_defaults_check_finds_a_repeated_default(tmp_path):
+    """The check above is not vacuous: each way of repeating a default is found, other values are not."""
+    (tmp_path / "m.py").write_text(
+        "def f(shuffle_buffer: int = 1024, batching='random', seed=7): pass\n"
+        "class C:\n    transfer: str = 'ring'\n"
+        "p.add_argument('--bucket-window', type=int, default=1024)\n"
+    )
+    assert sorted(name for _, _, name in _literal_defaults_outside_options(tmp_path)) == [
+        "batching", "bucket_window", "shuffle_buffer", "transfer"]

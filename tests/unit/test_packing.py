@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.tar.members import RawSample
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.stage import SampleStage

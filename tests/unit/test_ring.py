@@ -12,7 +12,7 @@ from dali_shards.errors import ShardFormatError
 from dali_shards.transfer.ring.assemble import assemble, output_types
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch, RingConsumer, WorkerGone
 from dali_shards.transfer.ring.producer import MIN_SLOT, RingProducer
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.outputs import OutputSpec
 
 PACKING = Packing(("bin", "cls", "__key__", "__index__", "__valid__"), table=True)

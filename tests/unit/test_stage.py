@@ -10,7 +10,7 @@ import pytest
 
 from dali_shards.errors import ConfigError, ShardFormatError, ShardMapError
 from dali_shards.tar.members import RawSample
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.worker.codec import SampleCodec
 from dali_shards.worker.outputs import OutputSpec, OutputTypeError, classify, conform
 from dali_shards.worker.stage import SampleStage

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dali_shards.plan.epoch import PlanSpec
 from dali_shards.plan.mixture import MixSpec
-from dali_shards.plan.stratify import Strata
+from dali_shards.plan.shares import Strata
 
 
 def share_bounds(slots, totals):

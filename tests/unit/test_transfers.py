@@ -12,7 +12,7 @@ from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions
 from dali_shards.setup.resolve import MAX_SAMPLE_BYTES, field_sizes, resolve
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.base import Queues, steps_held
 from dali_shards.transfer.choice import transfer_for
 from dali_shards.transfer.merge.transfer import SLOT_META_BYTES, MergeTransfer

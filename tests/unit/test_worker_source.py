@@ -8,7 +8,7 @@ import pytest
 
 from dali_shards.plan.mode import Planned
 from dali_shards.errors import ShardAccessError, ShardFormatError
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.merge.layout import table_place
 from dali_shards.catalog.scan import scan_shards
 from dali_shards.plan.epoch import PlanSpec

@@ -16,7 +16,7 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import do_not_convert
 from nvidia.dali.types import DALIDataType, to_dali_type
 
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.merge.layout import table_place
 from dali_shards.transfer.merge.source import Carried, MergeSource
 from dali_shards.fields import DALI_DTYPES, FieldKind

@@ -1,6 +1,6 @@
 """The merge transfer's batch layout: every worker emits a full-size batch, ``batch_size`` places
 long, its own samples in its slice ``[worker * mini_batch, (worker + 1) * mini_batch)``, its table
-(table form, ``shm/packing.py``) in one padding place of another worker's slice (``table_place``),
+(table form, ``ipc/packing.py``) in one padding place of another worker's slice (``table_place``),
 an empty dummy in every other place. Imports no DALI."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from dali_shards.shm.packed import EMPTY, Packed
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import EMPTY, Packed
+from dali_shards.ipc.packing import Packing
 
 
 def table_place(worker: int, py_num_workers: int, mini_batch: int) -> int:

@@ -10,7 +10,7 @@ import os
 from typing import Any, Iterator, Optional, Tuple
 
 from dali_shards.errors import DaliShardsError, carry
-from dali_shards.shm.control import NO_STAMPS
+from dali_shards.ipc.control import NO_STAMPS
 from dali_shards.transfer.merge.layout import worker_batch
 from dali_shards.worker.config import WorkerConfig
 from dali_shards.worker.process import attach_stamps, entered_process

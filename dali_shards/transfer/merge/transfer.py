@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from dali_shards.device import check_start_method
 from dali_shards.errors import ConfigError, from_worker
 from dali_shards.options import ShardedOptions
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.transfer.base import Queues, Sizes, positive_int, refuse_scheduled_ahead
 from dali_shards.transfer.merge.pool import LOST_WORKER_TEXT, WorkerWatch, dead_workers, kill_workers, start_collected
 from dali_shards.transfer.merge.pool import worker_pids

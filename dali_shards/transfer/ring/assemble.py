@@ -14,8 +14,8 @@ from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from dali_shards.shm.packed import INDEX_COLUMN, STATUS_VALID, VALID_COLUMN, FieldSpec
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import INDEX_COLUMN, STATUS_VALID, VALID_COLUMN, FieldSpec
+from dali_shards.ipc.packing import Packing
 from dali_shards.fields import FieldKind
 
 

@@ -10,11 +10,11 @@ from typing import Any, List, NamedTuple, Optional, Union
 
 import numpy as np
 
-from dali_shards.shm.packed import table_rows
+from dali_shards.ipc.packed import table_rows
 from dali_shards.errors import ShardMapError, WorkerError, rebuilt
 from dali_shards.pids import describe_exit
 from dali_shards.transfer.ring import messages
-from dali_shards.transfer.ring.segment import Segment
+from dali_shards.transfer.ring.segment import Stretch
 
 GONE_S = 2.0  # how long a worker whose connection ended may take to be gone
 
@@ -50,7 +50,7 @@ class RingConsumer:
         self.conn = conn
         self.process = process
         self.header_columns = header_columns
-        self.segments: List[Optional[Segment]] = [None] * depth
+        self.segments: List[Optional[Stretch]] = [None] * depth
         self.generations = [0] * depth
         self.closed = False
 
@@ -72,7 +72,7 @@ class RingConsumer:
         slot = int(msg.slot)
         if msg.generation != self.generations[slot]:
             try:
-                self.segments[slot] = Segment.received(self.conn, int(msg.capacity))
+                self.segments[slot] = Stretch.received(self.conn, int(msg.capacity))
             except (EOFError, OSError) as exc:
                 raise self._gone(f"its connection ended while it passed a slot ({type(exc).__name__})") from None
             self.generations[slot] = int(msg.generation)

@@ -13,8 +13,8 @@ from typing import Any, Callable, Deque, List, NoReturn, Optional, Sequence, Tup
 import numpy as np
 
 from dali_shards.errors import WorkerError
-from dali_shards.shm.control import ControlBlock
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.control import ControlBlock
+from dali_shards.ipc.packing import Packing
 from dali_shards.transfer.base import outputs_pending, refuse_scheduled_ahead
 from dali_shards.transfer.ring.assemble import assemble
 from dali_shards.transfer.ring.consumer import EpochEnd, MiniBatch

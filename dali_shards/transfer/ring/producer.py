@@ -16,10 +16,10 @@ from typing import Any, Deque, List, Optional
 
 from dali_shards.errors import WorkerError, carried_fields
 from dali_shards.transfer.ring import messages
-from dali_shards.transfer.ring.segment import Segment
-from dali_shards.shm.control import NO_STAMPS
-from dali_shards.shm.packing import Packing
-from dali_shards.shm.tables import Grow, as_table
+from dali_shards.transfer.ring.segment import Stretch
+from dali_shards.ipc.control import NO_STAMPS
+from dali_shards.ipc.packing import Packing
+from dali_shards.ipc.tables import Grow, as_table
 
 MIN_SLOT = 1 << 20
 GROWTH = 1.5
@@ -34,9 +34,9 @@ class RingProducer:
 
     def __init__(self, conn: Any, depth: int, packing: Packing, first_slot_bytes: int = MIN_SLOT):
         self.conn = conn
-        self.stamps: Any = NO_STAMPS  # the worker's, once attached (``shm.control.WorkerStamps``): a slot's wait is no stall
+        self.stamps: Any = NO_STAMPS  # the worker's, once attached (``ipc.control.WorkerStamps``): a slot's wait is no stall
         self.packing = packing
-        self.slots: List[Optional[Segment]] = [None] * depth
+        self.slots: List[Optional[Stretch]] = [None] * depth
         self.generations = [0] * depth  # each slot's segment, counted
         self.sent = [0] * depth  # the generation of each slot's segment the main process has
         self.free: Deque[int] = deque(range(depth))
@@ -45,7 +45,7 @@ class RingProducer:
     def put(self, epoch: int, step: int, batch: Any) -> None:
         """Write the mini-batch of ``step`` of ``epoch`` into a free slot and announce it (waits for a
         free slot; ``Stopped`` if the main process ends the worker meanwhile). ``batch``: packed
-        samples, or a table writer (``shm/tables.py``)."""
+        samples, or a table writer (``ipc/tables.py``)."""
         waits = not self.free
         if waits:  # for the main process to free a slot: not stuck, however long
             self.stamps.waiting()
@@ -104,7 +104,7 @@ class RingProducer:
                 self.free.append(int(msg.slot))
         return self.free.popleft()
 
-    def _segment(self, slot: int, size: int) -> Segment:
+    def _segment(self, slot: int, size: int) -> Stretch:
         """The slot's segment, replaced by a larger one if ``size`` bytes do not fit."""
         segment = self.slots[slot]
         if segment is not None and size <= segment.size:
@@ -112,7 +112,7 @@ class RingProducer:
         want = max(self.first_slot_bytes if segment is None else MIN_SLOT, int(size * GROWTH))
         if segment is not None:
             segment.close()
-        segment = self.slots[slot] = Segment.create(want, f"dali-shards-slot-{slot}")
+        segment = self.slots[slot] = Stretch.create(want, f"dali-shards-slot-{slot}")
         self.generations[slot] += 1
         return segment
 

@@ -25,7 +25,7 @@ def _memfd(name: str) -> int:
     return create(name, getattr(os, "MFD_CLOEXEC", 0))
 
 
-class Segment:
+class Stretch:
     """``size`` bytes of shared memory, mapped here; ``array`` is a uint8 view of all of it."""
 
     def __init__(self, fd: int, size: int):
@@ -35,7 +35,7 @@ class Segment:
         self.array = np.frombuffer(self.map, dtype=np.uint8) if self.map is not None else np.empty(0, np.uint8)
 
     @classmethod
-    def create(cls, size: int, name: str = "dali-shards-ring") -> "Segment":
+    def create(cls, size: int, name: str = "dali-shards-ring") -> "Stretch":
         """A new zero-filled segment of ``size`` bytes (its descriptor kept open to pass it on)."""
         fd = _memfd(name)
         try:
@@ -46,7 +46,7 @@ class Segment:
             raise
 
     @classmethod
-    def received(cls, conn: Any, size: int) -> "Segment":
+    def received(cls, conn: Any, size: int) -> "Stretch":
         """The segment whose descriptor arrives next on ``conn`` (see ``send``), mapped; the
         descriptor is closed once mapped."""
         fd = reduction.recv_handle(conn)

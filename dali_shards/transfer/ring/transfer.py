@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dali_shards.errors import ConfigError
 from dali_shards.options import ShardedOptions
-from dali_shards.shm.control import ControlBlock
+from dali_shards.ipc.control import ControlBlock
 from dali_shards.transfer.base import Queues, Sizes, positive_int
 from dali_shards.transfer.ring.consumer import WorkerGone
 from dali_shards.transfer.ring.feed import FEED_NAME, RingFeed

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dali_shards.shm.packed import Packed
-from dali_shards.shm.packing import Packing
+from dali_shards.ipc.packed import Packed
+from dali_shards.ipc.packing import Packing
 
 
 class Grow(Exception):

@@ -133,13 +133,12 @@ def _release(path: Optional[str], mapped: mmap.mmap, fd: Optional[int], owner_pi
 
 class ControlBlock:
     """The main process's side of a pipeline's control block, with the settings that go with it
-    (``worker_prefetch``, ``worker_timeout``). Create it with :meth:`create`; it is removed by
+    (``worker_timeout``, which the watchdog reads). Create it with :meth:`create`; it is removed by
     :meth:`remove`, or when it is garbage collected, or at exit."""
 
-    def __init__(self, path: str, py_num_workers: int, worker_prefetch: int, worker_timeout: Optional[float]):
+    def __init__(self, path: str, py_num_workers: int, worker_timeout: Optional[float]):
         self.path = path
         self.py_num_workers = py_num_workers
-        self.worker_prefetch = worker_prefetch
         self.worker_timeout = worker_timeout
         self.owner_pid = os.getpid()
         self._map: Optional[mmap.mmap] = None
@@ -151,7 +150,6 @@ class ControlBlock:
         cls,
         py_num_workers: int,
         *,
-        worker_prefetch: int = option_default("worker_prefetch"),
         worker_timeout: Optional[float] = option_default("worker_timeout"),
         directory: Optional[str] = None,
     ) -> "ControlBlock":
@@ -163,7 +161,7 @@ class ControlBlock:
         try:
             size = _record_at(py_num_workers)
             os.ftruncate(fd, size)
-            block = cls(path, py_num_workers, worker_prefetch, worker_timeout)
+            block = cls(path, py_num_workers, worker_timeout)
             block._map = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)

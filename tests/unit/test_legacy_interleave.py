@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dali_shards.plan.epoch import PlanSpec
-from dali_shards.plan.interleave import piece_bounds
+from dali_shards.plan.legacy_interleave import piece_bounds
 from dali_shards.tools.labels import expected_distinct
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from dali_shards.plan.geometry import Segment
+from dali_shards.plan.geometry import Stretch
 from dali_shards.plan.random import TAG_BATCH_ORDER, TAG_BLOCK, TAG_RANK_CUT, bitgen, permutation
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ class Interleaving:
         seq = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
         return seq[: self.worker_valid_count(v)]
 
-    def worker_pieces(self, v: int) -> List[Segment]:
+    def worker_pieces(self, v: int) -> List[Stretch]:
         """The pieces worker ``v`` reads under this plan, in reading order (interleaving only): per
         shard, the stretch from its first sample there to its last -- two stretches where its part
         goes on past the shard's end at its start."""
@@ -221,7 +221,7 @@ class Interleaving:
                 at = np.searchsorted(self._runs[i], piece)  # where the part's samples lie in the run
                 for stretch in np.split(piece, np.flatnonzero(np.diff(at) > 1) + 1):
                     shard, local = self.locate(stretch[[0, -1]])
-                    out.append(Segment(int(shard[0]), int(local[0]), int(local[1]) + 1, int(stretch[0])))
+                    out.append(Stretch(int(shard[0]), int(local[0]), int(local[1]) + 1, int(stretch[0])))
             left -= sum(len(p) for _, p in parts)
             if left <= 0:  # what 'drop' leaves out is not read
                 break

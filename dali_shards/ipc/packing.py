@@ -1,5 +1,5 @@
 """The slot format: what a sample's place in a batch holds, as both sides of the shared memory read
-it (the workers write it, the transfers hand it to DALI). Imports nothing above ``shm/``.
+it (the workers write it, the transfers hand it to DALI). Imports nothing above ``ipc/``.
 
 DALI charges a fixed price per place in a batch (the padding dummies included) and copies byte
 ranges slowly, so each place carries one array, and the large field (``jpg``) may travel as read:
@@ -34,7 +34,7 @@ import numpy as np
 from dali_shards.errors import ConfigError
 from dali_shards.fields import FieldInfo, FieldKind, OutputSpec, check_carried_type, input_spec
 from dali_shards.tar.members import RawSample
-from dali_shards.shm.packed import EMPTY, INDEX_COLUMN, STATUS_VALID, VALID_COLUMN, FieldSpec, Packed, table_rows
+from dali_shards.ipc.packed import EMPTY, INDEX_COLUMN, STATUS_VALID, VALID_COLUMN, FieldSpec, Packed, table_rows
 
 
 def _aligned(size: int) -> int:

@@ -36,7 +36,7 @@ def from_fields(names: StringTable, prefix: np.ndarray, prefixes: Tuple[str, ...
                 damage: Optional[Mapping[int, Tuple[str, int]]] = None) -> Catalog:  # fmt: skip
     """A catalog of these columns (absent table columns: no shard in a sample table)."""
     n = len(samples)
-    columns = {
+    columns: Dict[str, np.ndarray] = {
         "samples": np.asarray(samples, np.int64), "bytes": np.asarray(sizes, np.int64),
         "prefix": np.asarray(prefix, np.int32), "names_data": names.data, "names_ends": names.ends,
         "ext_bytes": np.asarray(ext_bytes, np.int64).reshape(n, len(exts)), "has_ext": np.asarray(has_ext, bool),

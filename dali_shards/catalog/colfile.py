@@ -14,7 +14,7 @@ import json
 import mmap
 import os
 import socket
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -41,7 +41,7 @@ def temp_name(path: str) -> str:
 def write_columns(path: str, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
     """Write ``arrays`` and ``meta`` (JSON-able) to ``path``, whole or not at all."""
     placed: Dict[str, Dict[str, Any]] = {}
-    bodies = []
+    bodies: List[Tuple[int, np.ndarray]] = []
     header_room = 0
     for _ in range(2):  # the header's size moves the arrays: placed again with its final size
         at = _aligned(16 + header_room)
@@ -55,7 +55,8 @@ def write_columns(path: str, arrays: Mapping[str, np.ndarray], meta: Mapping[str
             placed[name] = {"dtype": dtype.str, "shape": list(array.shape), "offset": at}
             bodies.append((at, array))
             at = _aligned(at + array.nbytes)
-        header = {"meta": dict(meta), "arrays": placed, "size": at + len(END)}
+        size = at + len(END)
+        header = {"meta": dict(meta), "arrays": placed, "size": size}
         text = json.dumps(header, sort_keys=True).encode()
         if len(text) <= header_room:
             break
@@ -67,8 +68,8 @@ def write_columns(path: str, arrays: Mapping[str, np.ndarray], meta: Mapping[str
             f.write(MAGIC + len(text).to_bytes(8, "little") + text)
             for at, array in bodies:
                 f.write(b"\0" * (at - f.tell()))
-                f.write(memoryview(array).cast("B") if array.nbytes else b"")
-            f.write(b"\0" * (header["size"] - len(END) - f.tell()) + END)
+                f.write(memoryview(array).cast("B") if array.nbytes else b"")  # type: ignore[arg-type]
+            f.write(b"\0" * (size - len(END) - f.tell()) + END)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -97,5 +97,5 @@ def finish(path: str, catalog: Catalog, meta: Dict[str, Any], config: StorageOpt
         check_entry_origin(path, foreign, url, url, config)
     table = meta.get("sample_table")
     if table is not None:
-        check_table_counts(path, table, catalog.samples, catalog.urls, config)
+        check_table_counts(path, table, catalog.samples, catalog.urls, config)  # type: ignore[arg-type]
     return catalog

@@ -66,11 +66,12 @@ def read_catalog(path: str, config: StorageOptions = DEFAULT_STORAGE) -> Catalog
     field of the wrong type or beyond what a shard can hold, any shard listed twice, and (unless
     ``config.manifest_foreign_urls``) any entry of a remote manifest off its server or bucket."""
     known = identity(path, config, SHARE_BYTES)
-    folder = catalog_dir(config) if known.parts is not None and known.size >= SHARE_BYTES else None
-    if folder is None:
+    parts = known.parts
+    folder = catalog_dir(config) if parts is not None and known.size >= SHARE_BYTES else None
+    if folder is None or parts is None:
         catalog, meta = build(path, config, inline_warn=INLINE_WARN_SAMPLES)
     else:
-        catalog, meta = shared(folder, key_of(*known.parts),
+        catalog, meta = shared(folder, key_of(*parts),
                                lambda: build(path, config, known.digest, inline_warn=INLINE_WARN_SAMPLES))  # fmt: skip
     return finish(path, catalog, meta, config)
 

@@ -17,7 +17,7 @@ from dali_shards.catalog.plausible import local_sizes
 from dali_shards.catalog.repeats import first_repeat_across
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, ShardFormatError
-from dali_shards.options import OnError, StorageOptions
+from dali_shards.options import OnError, StaleManifest, StorageOptions
 
 log = logging.getLogger("dali_shards")
 
@@ -96,7 +96,7 @@ def _url_at(parts: Sequence[Part], slot: int) -> str:
     raise IndexError(slot)
 
 
-def check_manifested(catalog: Catalog, origin: Callable[[int], str], stale: str, on_error: str,
+def check_manifested(catalog: Catalog, origin: Callable[[int], str], stale: StaleManifest, on_error: OnError,
                      config: StorageOptions) -> List[int]:  # fmt: skip
     """Compare the local shards of a manifest's catalog with their recorded ``bytes`` (a stat each):
     refuse a changed one (with ``on_error="skip"``: warn, and the workers skip it, counted), or
@@ -106,7 +106,7 @@ def check_manifested(catalog: Catalog, origin: Callable[[int], str], stale: str,
     changed = []
     for k in np.flatnonzero((actual >= 0) & (actual != catalog.sizes[rows])).tolist():
         i, size, recorded = int(rows[k]), int(actual[k]), int(catalog.sizes[rows[k]])
-        if stale == "rescan":
+        if stale is StaleManifest.RESCAN:
             changed.append(i)
             continue
         how = "truncated or rewritten" if size < recorded else "rewritten"
@@ -117,7 +117,7 @@ def check_manifested(catalog: Catalog, origin: Callable[[int], str], stale: str,
             hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
             'stale_manifest="rescan" to count changed shards again at every start',
         )
-        if OnError(on_error) is OnError.RAISE:
+        if on_error is OnError.RAISE:
             raise error
         log.warning("dali_shards: %s; its samples will be skipped", error)
     return changed

@@ -176,7 +176,8 @@ def _count_patterns(parts: Sequence[Part], on_error: str, config: StorageOptions
     """The patterns' shards counted: local ones scanned (all at once), remote ones by the manifests
     beside them (those then checked as a manifest's are)."""
     local = [(p, k) for p in parts if p.infos is not None for k, s in enumerate(p.infos) if not is_remote(s.url)]
-    for (part, k), info in zip(local, scan_shards([p.infos[k].url for p, k in local], on_error=on_error, config=config)):
+    urls = [p.infos[k].url for p, k in local]  # type: ignore[index]
+    for (part, k), info in zip(local, scan_shards(urls, on_error=on_error, config=config)):
         part.infos[k] = info  # type: ignore[index]
     remote = [(p, k) for p in parts if p.infos is not None for k, s in enumerate(p.infos) if is_remote(s.url)]
     beside = _count_remote(remote, config, counts) if remote else set()

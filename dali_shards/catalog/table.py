@@ -114,10 +114,10 @@ class SampleTables:
         """The tables of ``shards``: a ``Catalog`` (its columns), or ``ShardInfo``s (``table`` and
         ``table_at`` where in one)."""
         if hasattr(shards, "columns"):
-            cols = shards.columns  # type: ignore[attr-defined]
+            cols = shards.columns
             mapped = shards if getattr(shards, "path", None) is not None else None
-            return cls(tuple(shards.tables), cols["table"], cols["table_at"], cols["spans"], cols["keys"], storage,  # type: ignore[attr-defined]
-                       source=mapped)  # fmt: skip
+            tables = tuple(shards.tables)  # type: ignore[attr-defined]
+            return cls(tables, cols["table"], cols["table_at"], cols["spans"], cols["keys"], storage, source=mapped)
         urls: Dict[str, int] = {}
         table = np.full(len(shards), -1, np.int32)
         at = np.zeros(len(shards), np.int64)

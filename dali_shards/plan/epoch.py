@@ -72,7 +72,7 @@ class PlanSpec(BatchLayout):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_sizes", as_sizes(self.shard_sizes))  # fast at a million shards
-        sizes = self.shard_sizes.array
+        sizes = as_sizes(self.shard_sizes).array
         check_positive(self, "shuffle_buffer")
         for name, what in (("shuffle_block", "0: a contiguous run per worker"), ("bucket_window", "0: no bucketing")):
             value = getattr(self, name)

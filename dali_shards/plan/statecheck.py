@@ -17,7 +17,7 @@ import numbers
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypedDict
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TypedDict
 
 import numpy as np
 

@@ -23,6 +23,7 @@ from dali_shards.setup.mixing import resolve_shards
 from dali_shards.setup.planspec import plan_specs
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.resume import resume_point
+from dali_shards.plan.sizes import ShardSizes
 from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
@@ -90,7 +91,7 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = (), transfer: Opti
     stage, sizes = choose_stage(options, shards, outputs, stream_starts(shards, mixture), transfer)
     packing = stage.packing
     spec, streaming = plan_specs(options, shards, world_size, mixture)
-    dataset = DatasetId.of(shards.urls, shards.samples, shards.byte_sizes)
+    dataset = DatasetId.of(shards.urls, ShardSizes(shards.samples), shards.byte_sizes)
     resume_prior: List[Dict[str, Any]]
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None

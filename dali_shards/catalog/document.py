@@ -14,7 +14,7 @@ from dali_shards.catalog.entries import is_count
 from dali_shards.catalog.fetch import read_text
 from dali_shards.catalog.origins import check_entry_origin
 from dali_shards.catalog.parse import Fields, check_version_3, checked, manifest_base, of_json, with_table
-from dali_shards.catalog.table import check_table_counts
+from dali_shards.catalog.table import check_table_counts, record_bytes
 from dali_shards.errors import ConfigError
 from dali_shards.options import StorageOptions
 
@@ -97,5 +97,7 @@ def finish(path: str, catalog: Catalog, meta: Dict[str, Any], config: StorageOpt
         check_entry_origin(path, foreign, url, url, config)
     table = meta.get("sample_table")
     if table is not None:
-        check_table_counts(path, table, catalog.samples, catalog.urls, config)  # type: ignore[arg-type]
+        n, cols = len(catalog), catalog.columns
+        end = int(cols["table_at"][-1]) + int(record_bytes(int(cols["samples"][-1]))) if n else 0
+        check_table_counts(path, table, catalog.samples, catalog.urls, config, end)  # type: ignore[arg-type]
     return catalog

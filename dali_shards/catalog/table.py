@@ -220,16 +220,19 @@ def check_tables(shards: Any, config: StorageOptions = DEFAULT_STORAGE) -> None:
 
 
 def check_table_counts(manifest: str, table: str, counts: Sequence[int], urls: Sequence[str],
-                       config: StorageOptions = DEFAULT_STORAGE) -> None:  # fmt: skip
+                       config: StorageOptions = DEFAULT_STORAGE, end: Optional[int] = None) -> None:  # fmt: skip
     """A ConfigError if the local sample table of ``manifest`` holds more than the records the
-    counts of its entries make, or records out of the places those counts give them (a count
-    changed after the table was written), naming the first entry at fault. A remote table is
-    checked as workers read its records (``decode``); one missing or short, by ``check_tables``."""
+    counts of its entries make (``end``, where known), or records out of the places those counts
+    give them (a count changed after the table was written), naming the first entry at fault. A
+    remote table is checked as workers read its records (``decode``); one missing or short, by
+    ``check_tables``."""
     if is_remote(table):
         return
-    starts = record_starts(counts)
     size = _size(table, config)
-    if size is None or size == starts[-1]:
+    if size is None or size == end:
+        return
+    starts = record_starts(counts)
+    if size == starts[-1]:
         return
     entry = _misplaced(table, starts, size)
     if entry is not None:

@@ -11,7 +11,11 @@ reading it together.
   the node's time (from the start signal until every rank holds its catalog) and memory: the sum over
   ranks of the increase of each one's proportional set size (PSS, ``/proc/<pid>/smaps_rollup``: pages
   a process shares with others count as their share, so that a map shared by 8 counts once in all)
-  while every rank still holds its catalog. ``hwm_mib``: the sum of the ranks' peak resident growth.
+  while every rank still holds its catalog, each having read all of it once (every column: a mapped
+  file's pages then count). ``hwm_mib``: the sum of the ranks' peak resident growth.
+
+A rank's case reports ``mib``, its peak resident growth while it loads (scale.py's measure),
+``loaded_mib``, its resident growth once loaded, and ``held_mib``, once it has read every column.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = {"10k": (10_000, 1000), "100k": (100_000, 1000), "1m": (1_000_000, 10_000), "smoke": (4000, 10)}
@@ -42,6 +48,18 @@ def load(path: str, cache_dir: str) -> Any:
 
         return read_manifest(path, config)
     return read_catalog(path, config)
+
+
+def touch(shards: Any) -> None:
+    """Read every column of a catalog once, as a rank that uses all of it does (a mapped file's pages
+    then count in its memory); a release before's ``ShardInfo``s are all in memory already."""
+    for array in getattr(shards, "columns", {}).values():
+        array.view(np.uint8).sum() if array.size else None
+
+
+def rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def count(shards: Any) -> int:
@@ -69,8 +87,12 @@ def case_catalog(root: str, size: str, warm: bool) -> Callable[[], Dict[str, Any
     held: List[Any] = []
 
     def run() -> Dict[str, Any]:
+        before = rss_kib()
         held.append(load(path, cache))
-        return {"shards": len(held[-1]), "samples": count(held[-1])}
+        loaded = rss_kib()
+        touch(held[-1])
+        return {"shards": len(held[-1]), "samples": count(held[-1]), "loaded_mib": round((loaded - before) / 1024, 1),
+                "held_mib": round((rss_kib() - before) / 1024, 1)}  # fmt: skip
 
     return run
 
@@ -116,6 +138,8 @@ def node(path: str, cache: str, ranks: int) -> Dict[str, Any]:
             p.stdin.flush()
         seconds = [float(p.stdout.readline()) for p in procs]
         wall = time.perf_counter() - start
+        for p in procs:  # every rank has read all of its catalog before any is measured
+            assert p.stdout.readline().strip() == "touched"
         for p in procs:
             p.stdin.write("measure\n")
             p.stdin.flush()
@@ -144,6 +168,8 @@ def rank(path: str, cache: str) -> None:
     start = time.perf_counter()
     held = load(path, cache)
     print(time.perf_counter() - start, flush=True)
+    touch(held)
+    print("touched", flush=True)
     sys.stdin.readline()
     print(json.dumps({"pss": pss_kib() - base_pss, "hwm": hwm_kib() - base_hwm, "shards": len(held)}), flush=True)
     sys.stdin.readline()

@@ -148,3 +148,29 @@ def test_no_folder_is_used_where_another_user_owns_it(tmp_path, monkeypatch):
     os.chmod(tmp_path / f"dali_shards-{os.getuid()}", 0o700)
     assert shared.catalog_dir(StorageOptions()) == str(tmp_path / f"dali_shards-{os.getuid()}" / "catalogs")
     assert np.array_equal(read_catalog(write(tmp_path / "m.json", [1, 2]), StorageOptions()).samples, [1, 2])
+
+
+def test_a_remote_manifest_is_downloaded_once_per_node_and_again_when_it_changes(node, monkeypatch):
+    import uuid
+
+    import fsspec
+
+    from dali_shards.catalog import document
+
+    fs = fsspec.filesystem("memory")
+    root = f"/r{uuid.uuid4().hex[:10]}"
+    doc = {"format": "dali-shards-manifest", "version": 2, "shards": [{"url": f"s{i}.tar", "samples": i + 1} for i in range(3)]}
+    fs.pipe_file(f"{root}/manifest.json", json.dumps(doc).encode())
+    reads = []
+    read_text = document.read_text
+    monkeypatch.setattr(document, "read_text", lambda *a: reads.append(a[0]) or read_text(*a))
+    try:
+        for _ in range(3):  # three ranks of one node
+            catalog = read_catalog(f"memory:/{root}/manifest.json", node)
+            assert catalog.samples.tolist() == [1, 2, 3] and catalog.url(0) == f"memory:/{root}/s0.tar"
+        assert len(reads) == 1 and catalog.path is not None
+        doc["shards"][0]["samples"] = 7
+        fs.pipe_file(f"{root}/manifest.json", json.dumps(doc).encode())  # a new version of the object
+        assert read_catalog(f"memory:/{root}/manifest.json", node).samples.tolist() == [7, 2, 3] and len(reads) == 2
+    finally:
+        fs.rm(root, recursive=True)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # imported when first used (they import DALI); type checkers 
     from dali_shards.pipeline.decode import decode_image, pipeline_has_gpu
     from dali_shards.pipeline.decorator import pipeline_info, sharded_pipeline
     from dali_shards.setup.info import ShardedPipelineInfo
+    from dali_shards.tools.folderwriter import write_dataset  # noqa: F401
 
 __version__ = "0.1.0"
 StorageConfig = StorageOptions  # an earlier name of StorageOptions, kept as an alias
@@ -44,6 +45,7 @@ _LAZY = {
     "ShardedPipelineInfo": "setup.info",
     "decode_image": "pipeline.decode",
     "pipeline_has_gpu": "pipeline.decode",
+    "write_dataset": "tools.folderwriter",  # (lazy so as not to load the write job's modules on import)
 }
 
 

@@ -13,14 +13,12 @@ from typing import List, Optional, Sequence, Tuple
 from dali_shards import __version__
 from dali_shards.errors import ConfigError, DaliShardsError, ShardAccessError
 from dali_shards.tools.plan_command import add_plan_options, run_plan
-from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.scan import scan_shard
 from dali_shards.catalog.manifest import read_manifest, write_manifest
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import is_remote
 from dali_shards.catalog.sources import MANIFEST_NAME, expand_pattern, folder_manifest, is_manifest
 from dali_shards.io.storage import local_path
-from dali_shards.tools.write_command import add_write_command, human_size, parse_size  # noqa: F401 - parse_size: API
+from dali_shards.tools.write_command import add_write_command, human_size, parse_size, storage_options  # noqa: F401 - parse_size: API
 
 
 def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None) -> List[str]:
@@ -47,17 +45,7 @@ def _expand_all(patterns: Sequence[str], config: Optional[StorageOptions] = None
 
 
 def _storage(args: argparse.Namespace) -> StorageOptions:
-    text = getattr(args, "storage_options", None)
-    foreign = bool(getattr(args, "manifest_foreign_urls", False))
-    if not text:
-        return StorageOptions(manifest_foreign_urls=foreign)
-    try:
-        options = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--storage-options is not JSON: {exc}") from None
-    if not isinstance(options, dict):
-        raise ConfigError('--storage-options must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
-    return StorageOptions(storage_options=options, manifest_foreign_urls=foreign)
+    return storage_options(getattr(args, "storage_options", None), bool(getattr(args, "manifest_foreign_urls", False)))
 
 
 def _add_storage_option(p: argparse.ArgumentParser) -> None:
@@ -90,11 +78,7 @@ def _default_manifest(urls: Sequence[str]) -> str:
 
 # -- index --------------------------------------------------------------------------------
 def cmd_index(args: argparse.Namespace) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tqdm import tqdm
-
-    from dali_shards.tools.dali_index import check_distinct_index_paths, write_dali_index
+    from dali_shards.tools.dali_index import check_distinct_index_paths, index_shards
 
     config = _storage(args)
     urls = _expand_all(args.patterns, config)
@@ -103,12 +87,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     no_idx = args.no_idx or remote  # DALI's reader reads local files only
     if not no_idx:
         check_distinct_index_paths(urls)
-
-    def index(url: str) -> ShardInfo:
-        return scan_shard(url, config=config) if no_idx else write_dali_index(url)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(args.threads, len(urls)))) as pool:
-        infos = list(tqdm(pool.map(index, urls), total=len(urls), disable=args.quiet, desc="indexing"))
+    infos = index_shards(urls, config, no_idx=no_idx, threads=args.threads, engine=args.engine,
+                         address=args.ray_address, progress=not args.quiet)  # fmt: skip
     write_manifest(manifest, infos, config)
     print(
         f"{len(infos)} shards, {sum(i.samples for i in infos)} samples: manifest {manifest}"
@@ -153,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _shards_parser(sub, "index", cmd_index)
     p.add_argument("--manifest", help="manifest path (default: manifest.json beside the shards)")
     p.add_argument("--no-idx", action="store_true", help="write only the manifest")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="scan here (threads) or in Ray tasks (pip install 'dali-shards[ray]'); the same manifest")
+    p.add_argument("--ray-address", help="the Ray cluster to use (default: RAY_ADDRESS, else the one `ray start` "
+                   "began on this machine, else a new local Ray instance)")
     _add_scan_options(p)
     p = _shards_parser(sub, "inspect", cmd_inspect)
     p.add_argument("--json", action="store_true", help="print JSON")

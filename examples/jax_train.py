@@ -25,7 +25,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from nvidia.dali import fn, types

@@ -37,7 +37,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -125,12 +125,14 @@ def sample_blocks(offsets: np.ndarray) -> str:
 
 def write_manifest(
     path: str, shards: Sequence[ShardInfo], config: StorageOptions = DEFAULT_STORAGE, version: int = MANIFEST_VERSION,
-    columns: Optional[bool] = None,
+    columns: Optional[bool] = None, records: Optional[Iterable[bytes]] = None,
 ) -> None:
     """Write a manifest (a local path or a URL) and, for version 3, its sample table beside it;
     shards under its directory are stored relative to it. ``version=2`` writes every sample's
     offsets inline instead (for readers of the release before). ``columns``: whether to write its
-    binary columns beside it too (``catalog.binary``; None: for ``COLUMNS_MIN_SHARDS`` shards or more)."""
+    binary columns beside it too (``catalog.binary``; None: for ``COLUMNS_MIN_SHARDS`` shards or
+    more). ``records`` (version 3): the shards' sample-table records, in order, streamed into the
+    table (else made from ``shards``)."""
     if version not in (2, MANIFEST_VERSION):
         raise ConfigError(f"manifest version {version} cannot be written (2 or {MANIFEST_VERSION})")
     remote = is_remote(path)
@@ -140,8 +142,9 @@ def write_manifest(
     table_name = None
     if version >= 3:
         table = table_path(path)
-        records = records_of(shards, config)  # every record read before the table is replaced
-        _write_remote(path, lambda: write_table(table, records, config)) if remote else write_table(table, records, config)
+        # every record read before the table is replaced, unless given (from elsewhere)
+        rows = records_of(shards, config) if records is None else records
+        _write_remote(path, lambda: write_table(table, rows, config)) if remote else write_table(table, rows, config)
         table_name = table.rsplit("/", 1)[-1] if remote else os.path.basename(table)
         doc = {**doc, "sample_table": table_name}
     text = (json.dumps(doc, indent=1) + "\n").encode()

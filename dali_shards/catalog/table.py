@@ -14,10 +14,12 @@ blocks and end within the shard), a damaged one a ``ShardFormatError`` naming th
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,17 +53,24 @@ def encode(samples: int, offsets: Optional[np.ndarray], key_crc: Optional[np.nda
     return body + bytes(int(record_bytes(samples)) - len(body))
 
 
-def write_table(path: str, records: Sequence[bytes], config: StorageOptions = DEFAULT_STORAGE) -> None:
-    """Write the sample table (a local path or a URL), whole or not at all."""
-    data = b"".join(records)
-    if is_remote(path):
-        fs, inner = filesystem(path, config)
-        fs.pipe_file(inner, data)
-        return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def write_table(path: str, records: Iterable[bytes], config: StorageOptions = DEFAULT_STORAGE) -> None:
+    """Write the sample table (a local path or a URL), whole or not at all, record by record."""
+    remote = is_remote(path)
+    tmp = f"{tempfile.mkdtemp(prefix='dali-shards-')}/table" if remote else f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            for record in records:
+                f.write(record)
+        if remote:  # one upload, there once complete
+            fs, inner = filesystem(path, config)
+            fs.put_file(tmp, inner)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if remote:
+            shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+        elif os.path.exists(tmp):  # a failed write leaves nothing
+            os.remove(tmp)
 
 
 def decode(url: str, raw: bytes, samples: int, size: Optional[int]) -> Tuple[Optional[np.ndarray], np.ndarray]:

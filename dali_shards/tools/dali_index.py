@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from dali_shards.catalog.sources import SHARD_SUFFIXES
 from dali_shards.errors import ConfigError, ShardFormatError
+from dali_shards.catalog.scan import scan_shard
 from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.options import StorageOptions
 from dali_shards.io.storage import local_path, open_shard, shard_size
 from dali_shards.tar.format import BLOCK, TarReader
 from dali_shards.tar.scan import ShardStats, key_fingerprints
@@ -86,3 +89,41 @@ def write_dali_index(url: str, idx_path: Optional[str] = None) -> ShardInfo:
     else:
         offsets = ShardInfo.offsets_from([0])
     return ShardInfo(url, len(samples), shard_size(url), stats.ext_bytes, offsets, key_fingerprints(stats.keys))
+
+
+def index_one(url: str, config: StorageOptions, no_idx: bool) -> ShardInfo:
+    """A shard's manifest entry from a scan of its headers (and its DALI index, unless ``no_idx``)."""
+    return scan_shard(url, config=config) if no_idx else write_dali_index(url)
+
+
+def _index_task(task: Tuple[Sequence[str], StorageOptions, bool, int]) -> List[ShardInfo]:
+    urls, config, no_idx, threads = task
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+        return list(pool.map(lambda u: index_one(u, config, no_idx), urls))
+
+
+def index_shards(urls: Sequence[str], config: StorageOptions, *, no_idx: bool, threads: int = 8,
+                 engine: str = "local", address: Optional[str] = None, progress: bool = False) -> List[ShardInfo]:  # fmt: skip
+    """The entries of ``urls`` in order, scanned by ``threads`` threads here (``engine="local"``),
+    or in Ray tasks of a few shards each, ``threads`` threads in each (``engine="ray"``)."""
+    from tqdm import tqdm
+
+    from dali_shards.engines.base import check_engine, make_engine
+
+    check_engine(engine, None, address)
+    if engine == "local":
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+            return list(tqdm(pool.map(lambda u: index_one(u, config, no_idx), urls), total=len(urls),
+                             disable=not progress, desc="indexing"))  # fmt: skip
+    runner = make_engine(engine, None, address)
+    try:
+        per = max(1, -(-len(urls) // (4 * runner.workers)))  # about 4 tasks per CPU
+        chunks = [list(urls[i : i + per]) for i in range(0, len(urls), per)]
+        found: List[Optional[List[ShardInfo]]] = [None] * len(chunks)
+        with tqdm(total=len(urls), disable=not progress, desc="indexing") as bar:
+            for i, infos in runner.run(_index_task, [(c, config, no_idx, threads) for c in chunks]):
+                found[i] = infos
+                bar.update(len(infos))
+    finally:
+        runner.close()
+    return [info for infos in found for info in infos or []]

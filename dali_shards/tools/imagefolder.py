@@ -10,20 +10,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from dali_shards.errors import ConfigError
+from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
+from dali_shards.options import StorageOptions
 
 log = logging.getLogger("dali_shards")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class SourceFile(NamedTuple):
-    """A file to put into a shard: its path, its label (or None) and its member extension."""
+    """A file to put into a shard: its path (or URL), its label (or None), its member extension,
+    its size where known, and other members of its sample (extension, value), e.g. from Parquet."""
 
     path: str
     label: Optional[int]
     ext: str
+    size: Optional[int] = None
+    extra: Tuple[Tuple[str, Any], ...] = ()
 
 
 # Member extensions the writer normalises: ImageNet's ``.JPEG`` and every other spelling of JPEG
@@ -45,19 +50,7 @@ def find_image_folder(
     if not os.path.isdir(root):
         raise ConfigError(f"{root!r} is not a directory; give an ImageFolder tree (class/xxx.jpg) or a file list")
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    if not classes:
-        raise ConfigError(f"{root!r} has no class subdirectories (expected {root}/<class>/<image>)")
-    if numeric:
-        bad = [c for c in classes if not c.isdigit()]
-        if bad:
-            raise ConfigError(f"numeric class directories expected, got {bad[:5]}; drop --numeric-classes")
-        class_map = {name: int(name) for name in classes}
-    elif class_map is None:
-        class_map = {name: i for i, name in enumerate(classes)}
-    else:
-        unknown = [c for c in classes if c not in class_map]
-        if unknown:
-            raise ConfigError(f"classes {unknown[:5]} of {root!r} are not in the class map; add them or drop them")
+    class_map = class_map_of(root, classes, class_map, numeric)
     files = []
     hidden = []
     for name in classes:
@@ -74,6 +67,24 @@ def find_image_folder(
     if not files:
         raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root!r}")
     return files, class_map
+
+
+def class_map_of(root: str, classes: List[str], class_map: Optional[Dict[str, int]], numeric: bool) -> Dict[str, int]:
+    """The class map of a tree with class folders ``classes`` (sorted): given, numeric, or numbered
+    in order as torchvision numbers them."""
+    if not classes:
+        raise ConfigError(f"{root!r} has no class subdirectories (expected {root}/<class>/<image>)")
+    if numeric:
+        bad = [c for c in classes if not c.isdigit()]
+        if bad:
+            raise ConfigError(f"numeric class directories expected, got {bad[:5]}; drop --numeric-classes")
+        return {name: int(name) for name in classes}
+    if class_map is None:
+        return {name: i for i, name in enumerate(classes)}
+    unknown = [c for c in classes if c not in class_map]
+    if unknown:
+        raise ConfigError(f"classes {unknown[:5]} of {root!r} are not in the class map; add them or drop them")
+    return class_map
 
 
 def read_file_list(path: str) -> List[SourceFile]:
@@ -100,8 +111,8 @@ def read_file_list(path: str) -> List[SourceFile]:
                 f"{path}:{number}: this line {lacks} a label but line {labelled[0]} {has} one; "
                 "give every file a label, or none"
             )
-        file_path = line if os.path.isabs(line) else os.path.join(base, line)
-        if not os.path.isfile(file_path):
+        file_path = line if os.path.isabs(line) or "://" in line else os.path.join(base, line)
+        if "://" not in file_path and not os.path.isfile(file_path):
             where = "" if os.path.isabs(line) else f" (relative paths are taken from the list's folder: {file_path})"
             raise ConfigError(f"{path}:{number}: file {line!r} not found{where}")
         if is_hidden(file_path):
@@ -163,10 +174,15 @@ def load_class_map(path: str) -> Dict[str, int]:
     return data
 
 
-def save_class_map(path: str, class_map: Dict[str, int]) -> None:
+def save_class_map(path: str, class_map: Dict[str, int], storage: StorageOptions = DEFAULT_STORAGE) -> None:
+    """Write ``classes.json`` (a local path or a URL): class name -> index, by index."""
+    text = json.dumps(dict(sorted(class_map.items(), key=lambda kv: kv[1])), indent=1) + "\n"
+    if is_remote(path):
+        fs, inner = filesystem(path, storage)
+        fs.pipe_file(inner, text.encode("utf-8"))
+        return
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(dict(sorted(class_map.items(), key=lambda kv: kv[1])), f, indent=1)
-        f.write("\n")
+        f.write(text)
 
 
 def stem_keys(files: List[SourceFile]) -> Tuple[List[str], List[Tuple[str, str]]]:

@@ -13,6 +13,22 @@ def test_the_pytorch_adapter_without_torch_names_the_extra():
     assert "pip install 'dali-shards[torch]'" in out.stdout
 
 
+def test_the_ray_engine_without_ray_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['ray'] = None\n"  # (as if Ray were not installed)
+            "from dali_shards.cli import main\n"
+            f"sys.exit(main(['write', {str(tmp_path / 'tree')!r}, {str(tmp_path / 'o' / 's-%03d.tar')!r}]))\n")
+    from dali_shards.sample_data import sample_images
+
+    src = tmp_path / "tree"
+    (src / "cat").mkdir(parents=True)
+    (src / "cat" / "a.jpg").write_bytes(open(sample_images()[0].path, "rb").read())
+    code = code.replace("]))", ", '--engine', 'ray']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "dali-shards write: error: engine 'ray' needs Ray, which is not installed" in out.stderr
+    assert "pip install 'dali-shards[ray]'" in out.stderr
+
+
 def _imports(code):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -3,7 +3,6 @@
 Lightning's ``Trainer`` takes in the middle of an epoch, and restored by it: exactly the rest of
 that epoch, then whole epochs (the sanity check's and the epochs' validation whole every time)."""
 
-import os
 
 import pytest
 import torch

@@ -153,6 +153,10 @@ class Catalog(Sequence[ShardInfo]):
     # -- pickling: a mapped catalog travels as its path ---------------------------------
     def __reduce__(self) -> Any:
         if self.path is not None:
+            try:
+                os.utime(self.path)  # in use: kept by the folder's clean-up of unused copies
+            except OSError:
+                pass
             return (mapped_catalog, (self.path,))
         return (Catalog, (dict(self.columns), self.prefixes, self.exts, self.tables, dict(self.inline), dict(self.damage)))
 

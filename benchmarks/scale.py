@@ -10,7 +10,12 @@ Cases (``--cases``, default all):
 - ``elastic-10m``, ``elastic-100m``: resuming half an epoch of 10M (100M) samples, saved at 64 x 8
   (512 x 8), under 48 x 8 (384 x 8): the resume point and a new worker's emissions;
 - ``manifest-10k``, ``manifest-100k``: reading the manifest of 10k (100k) shards x 1k samples with
-  sample offsets and key fingerprints, as a rank's main process does at start;
+  sample offsets and key fingerprints, as a rank's main process does at start (``read_manifest``:
+  one ``ShardInfo`` per shard);
+- ``catalog-10k``, ``catalog-100k``, ``catalog-1m`` (and ``-warm``), ``node-100k-1``, ``node-100k-8``,
+  ``node-1m-1``, ``node-1m-8``: a rank's catalog of a manifest as ``dali-shards index`` writes it, the
+  first rank of a node and the others, and 8 ranks of one node together (``catalog_cases``);
+  ``catalog-smoke``, ``node-smoke-2``: the same, tiny (CI);
 - ``readers-2000``, ``readers-20000``: workers reading a piece of each shard in an epoch (mean over
   shards), 2,000 shards x 200 and 20,000 x 20 at 64 x 4;
 - ``first-batch``: a rank's time from ``@sharded_pipeline`` to its first batch through the public
@@ -46,10 +51,21 @@ import time
 from typing import Any, Callable, Dict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import catalog_cases  # noqa: E402 - beside this file
+import manifest_data  # noqa: E402
+
+NODE_RATIO = 1.2
 TARGETS = {  # (seconds, MiB) or readers per shard: the issue's targets on a 2-core machine
     "order-10k": (0.5, 150), "order-100k": (1.0, 200), "order-1m": (2.0, 500),
     "elastic-10m": (2.0, 300), "elastic-100m": (5.0, 500),
     "manifest-10k": (1.0, 150), "manifest-100k": (3.0, 400),
+    # issue 47: a rank's catalog, the first of a node (it builds the node's copy) and the others (map it)
+    "catalog-10k": (0.1, 10), "catalog-10k-warm": (0.1, 10), "catalog-100k": (0.5, 40), "catalog-100k-warm": (0.5, 40),
+    "catalog-1m": (3.0, 300), "catalog-1m-warm": (3.0, 300), "catalog-smoke": None, "catalog-smoke-warm": None,
+    # 8 ranks of a node: their catalogs' memory (PSS) at most 1.2 times one rank's
+    "node-100k-1": None, "node-100k-8": "node", "node-1m-1": None, "node-1m-8": "node", "node-smoke-1": None,
+    "node-smoke-2": "node",
     "readers-2000": 9.0, "readers-20000": 2.0, "first-batch": None,
     # a mix of 10 streams costs no more than one dataset of as many shards (order-1m's, elastic-10m's)
     "mix-10x100k": (2.0, 500), "mix-10x100k-skewed": (2.0, 500), "mix-10x100k-stratified": (2.0, 500),
@@ -174,44 +190,6 @@ def case_readers(shards: int, per_shard: int) -> Callable[[], Dict[str, Any]]:
     return run
 
 
-def make_manifest(root: str, shards: int, per_shard: int) -> str:
-    """A manifest of ``shards`` synthetic shards with offsets and key fingerprints (the shards
-    themselves are not written: reading the manifest never opens them)."""
-    import numpy as np
-
-    from dali_shards import ShardInfo, write_manifest  # (the same names in every release)
-    from dali_shards.catalog.manifest import MANIFEST_VERSION
-
-    path = os.path.join(root, f"manifest-v{MANIFEST_VERSION}-{shards}x{per_shard}", "manifest.json")
-    if os.path.exists(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    rng = np.random.default_rng(0)
-    infos = []
-    for s in range(shards):
-        blocks = rng.integers(100, 300, per_shard)
-        offsets = np.concatenate([[0], np.cumsum(blocks) * 512])
-        crc = rng.integers(0, 2**32, per_shard, dtype=np.uint32)
-        size = int(offsets[-1]) + 1024
-        infos.append(ShardInfo(f"{os.path.dirname(path)}/s-{s:07d}.tar", per_shard, size, {"jpg": size // 2, "cls": 3 * per_shard},
-                               ShardInfo.offsets_from(offsets), crc))  # fmt: skip
-    write_manifest(path, infos)
-    return path
-
-
-def make_tiny_shards(root: str, shards: int) -> str:
-    """``shards`` tiny real shards (2 samples each) and their manifest."""
-    from dali_shards.tools.writer import ShardWriter
-
-    folder = os.path.join(root, f"tiny-{shards}")
-    manifest = os.path.join(folder, "manifest.json")
-    if not os.path.exists(manifest):
-        with ShardWriter(os.path.join(folder, "t-%06d.tar"), max_count=2) as writer:
-            for i in range(2 * shards):
-                writer.write({"__key__": f"{i:08d}", "cls": i % 10, "txt": "x" * 40})
-    return manifest
-
-
 def case_first_batch(manifest: str) -> Callable[[], Dict[str, Any]]:
     from dali_shards import sharded_pipeline  # (imports are not what is measured)
     from dali_shards.pytorch import DALIShardedIterator
@@ -236,11 +214,11 @@ def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
         "order-1m": lambda: case_order(1_000_000, 10_000, 4096),
         "elastic-10m": lambda: case_elastic(10_000, 1000, 64, 48),
         "elastic-100m": lambda: case_elastic(100_000, 1000, 512, 384),
-        "manifest-10k": lambda: case_manifest(make_manifest(root, 10_000, 1000)),
-        "manifest-100k": lambda: case_manifest(make_manifest(root, 100_000, 1000)),
+        "manifest-10k": lambda: case_manifest(manifest_data.make_manifest(root, 10_000, 1000)),
+        "manifest-100k": lambda: case_manifest(manifest_data.make_manifest(root, 100_000, 1000)),
         "readers-2000": lambda: case_readers(2000, 200),
         "readers-20000": lambda: case_readers(20_000, 20),
-        "first-batch": lambda: case_first_batch(make_tiny_shards(root, 20_000)),
+        "first-batch": lambda: case_first_batch(manifest_data.make_tiny_shards(root, 20_000)),
         "mix-10x100k": lambda: case_order(1_000_000, 10_000, 4096, streams=10),
         "mix-10x100k-skewed": lambda: case_order(1_000_000, 10_000, 4096, streams=10, skewed=True),
         "mix-10x100k-stratified": lambda: case_order(1_000_000, 10_000, 4096, streams=10, batching="stratified", skewed=True),
@@ -249,7 +227,11 @@ def cases(root: str) -> Dict[str, Callable[[], Callable[[], Dict[str, Any]]]]:
         "mix-choose-1e7": lambda: case_small_mix([(2, 5, {"choose": 10_000_000})]),
         "mix-10m-1k": lambda: case_small_mix(DOCS_MIX, 10_000_000),
         "mix-10m-1k-stratified": lambda: case_small_mix(DOCS_MIX, 10_000_000, "stratified"),
-    }
+        **{f"catalog-{size}{warm}": (lambda size=size, warm=warm: catalog_cases.case_catalog(root, size, bool(warm)))
+           for size in catalog_cases.SIZES for warm in ("", "-warm")},
+        **{f"node-{size}-{n}": (lambda size=size, n=n: catalog_cases.case_node(root, size, n))
+           for size in catalog_cases.SIZES for n in (1, 2, 8)},
+    }  # fmt: skip
 
 
 def child(name: str, root: str, max_mib: int) -> None:
@@ -283,10 +265,13 @@ def measure(name: str, root: str, timeout: float, max_mib: int) -> Dict[str, Any
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def verdict(name: str, result: Dict[str, Any]) -> str:
+def verdict(name: str, result: Dict[str, Any], results: Dict[str, Any]) -> str:
     target = TARGETS[name]
     if "error" in result or target is None:
         return ""
+    if target == "node":  # memory against one rank's, measured in the same run
+        one = results.get(name.rsplit("-", 1)[0] + "-1", {})
+        return "" if "mib" not in one else "ok" if result["mib"] <= NODE_RATIO * one["mib"] else "OVER"
     if isinstance(target, tuple):
         return "ok" if result["seconds"] <= target[0] and result["mib"] <= target[1] else "OVER"
     return "ok" if result["readers_per_shard"] <= target else "OVER"
@@ -309,12 +294,13 @@ def main(argv=None) -> Dict[str, Any]:
     for name in args.cases.split(","):
         result = results[name] = measure(name, args.data_dir, args.timeout, args.max_mib)
         target = TARGETS[name]
-        shown = f"<= {target[0]} s, {target[1]} MiB" if isinstance(target, tuple) else (f"<= {target}" if target else "-")
+        shown = f"<= {target[0]} s, {target[1]} MiB" if isinstance(target, tuple) else \
+            f"MiB <= {NODE_RATIO} x 1 rank's" if target == "node" else (f"<= {target}" if target else "-")  # fmt: skip
         if "error" in result:
             print(f"{name:15} {result['error']}", flush=True)
             continue
         cells = [result.get("seconds", ""), result.get("mib", ""), result.get("readers_per_shard", "")]
-        print(f"{name:15} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8}  {shown:22} {verdict(name, result)}", flush=True)
+        print(f"{name:15} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8}  {shown:22} {verdict(name, result, results)}", flush=True)
     report = {"machine": f"{os.cpu_count()} CPUs", "python": sys.version.split()[0], "results": results,
               "targets": {k: v for k, v in TARGETS.items()}}  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

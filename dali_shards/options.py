@@ -82,7 +82,9 @@ class StorageOptions:
     ``max_backoff``; ``request_timeout`` is the longest wait for bytes over HTTP and the longest
     request elsewhere. ``read_window`` bounds the bytes of remote shards a worker holds (fetched
     ahead or in flight) when it reads pieces of many shards at once (the interleaved shuffle). ``cache_dir`` keeps completely read remote shards on local disk, evicting
-    the least recently used beyond ``cache_limit`` bytes (None: no limit). A remote manifest's
+    the least recently used beyond ``cache_limit`` bytes (None: no limit), and in its ``catalogs``
+    folder the node's one copy of each large manifest's catalog (without it: a private folder in
+    the system's temporary folder). A remote manifest's
     entries must lie on its own server or bucket (same scheme and host or bucket: never local
     files) unless ``manifest_foreign_urls`` is True.
     """

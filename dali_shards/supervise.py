@@ -48,7 +48,7 @@ class Watchdog:
         self.control = control
         self.timeout = control.worker_timeout
         self.pids = list(pids)
-        self.urls = list(urls)
+        self.urls = urls
         self.rank = rank
         self.reason: Optional[str] = None
         self._since: Optional[float] = None

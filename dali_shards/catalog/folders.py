@@ -8,19 +8,24 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.identity import ShardIdentity
-from dali_shards.catalog.shardinfo import ShardInfo
-from dali_shards.catalog.manifest import read_manifest
+from dali_shards.catalog.manifest import read_catalog
 from dali_shards.catalog.origins import warn_outside_folder
+from dali_shards.catalog.repeats import identity_digests
 from dali_shards.errors import ConfigError
+from dali_shards.io.filesystems import DEFAULT_STORAGE
 from dali_shards.io.storage import local_path
+from dali_shards.options import StorageOptions
 
 log = logging.getLogger("dali_shards")
 MANIFEST_NAME = "manifest.json"
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
-def folder_manifest(item: str) -> Optional[Tuple[str, List[ShardInfo]]]:
+def folder_manifest(item: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[Tuple[str, Catalog]]:
     """A local directory source's ``manifest.json`` and the shards it lists, if it has a usable
     one; warns (once) about the tar files there that it does not list, which are then not read,
     and (once) about shards it lists outside the folder, which are."""
@@ -28,11 +33,11 @@ def folder_manifest(item: str) -> Optional[Tuple[str, List[ShardInfo]]]:
     if path is None or not os.path.isdir(path):
         return None
     manifest = os.path.join(path, MANIFEST_NAME)
-    infos = _manifest_beside(manifest)
+    infos = _manifest_beside(manifest, config)
     if infos is None:
         return None
     found = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(SHARD_SUFFIXES)]
-    warn_outside_folder(manifest, [info.url for info in infos])
+    warn_outside_folder(manifest, infos)
     unlisted = _unlisted(infos, found)
     if unlisted:
         log.warning(
@@ -68,24 +73,26 @@ def warn_unlisted(pattern: str, urls: Sequence[str]) -> None:
             )  # fmt: skip
 
 
-def _manifest_beside(manifest: str) -> Optional[List[ShardInfo]]:
+def _manifest_beside(manifest: str, config: StorageOptions = DEFAULT_STORAGE) -> Optional[Catalog]:
     """The shards a local ``manifest.json`` lists; None if there is none, or (with a warning) if
     it is not a usable dali-shards manifest (another tool's file: the shards are then found as
     they would be without it)."""
     if not os.path.isfile(manifest):
         return None
     try:
-        return read_manifest(manifest)
+        return read_catalog(manifest, config)
     except ConfigError as exc:
         log.warning("dali_shards: %s is not a usable dali-shards manifest (%s); ignored", manifest, exc)
         return None
 
 
-def _unlisted(infos: Sequence[ShardInfo], paths: Sequence[str]) -> List[str]:
-    """The names of the shards in ``paths`` that ``infos`` does not list."""
+def _unlisted(catalog: Catalog, paths: Sequence[str]) -> List[str]:
+    """The names of the shards in ``paths`` that ``catalog`` does not list (by their identities'
+    digests: for a warning, a digest shared by chance is taken as the same shard)."""
     identity = ShardIdentity()
-    listed = {identity(info.url) for info in infos}
-    return [os.path.basename(p) for p in paths if identity(p) not in listed]
+    listed = identity_digests(catalog, identity)
+    found = identity_digests(list(paths), identity)
+    return [os.path.basename(p) for p, known in zip(paths, np.isin(found, listed).tolist()) if not known]
 
 
 def _names(names: Sequence[str], most: int = 8) -> str:

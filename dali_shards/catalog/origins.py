@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence, Tuple
+from typing import Any, Iterator, Tuple
+
+import numpy as np
 
 from dali_shards.errors import ConfigError
 from dali_shards.io.filesystems import is_remote
@@ -59,15 +61,15 @@ def check_entry_origin(manifest: str, i: int, written: str, url: str, config: St
     )
 
 
-def warn_outside_folder(manifest: str, urls: Sequence[str]) -> None:
-    """Warn once if a local folder's ``manifest`` lists local shards (``urls``, in entry order)
-    outside its folder: they are read as listed."""
+def warn_outside_folder(manifest: str, urls: Any) -> None:
+    """Warn once if a local folder's ``manifest`` lists local shards (``urls``, in entry order, or
+    its ``Catalog``) outside its folder: they are read as listed."""
     path = local_path(manifest)
     if path is None:
         return
     folder = os.path.dirname(os.path.abspath(path))
     outside = []
-    for i, url in enumerate(urls):
+    for i, url in _maybe_outside(urls):
         local = local_path(url)
         if local is not None and os.path.commonpath([folder, os.path.abspath(local)]) != folder:
             outside.append((i, url))
@@ -79,3 +81,16 @@ def warn_outside_folder(manifest: str, urls: Sequence[str]) -> None:
             "or list the folder's shards relative to it (`dali-shards index` there)",
             manifest, len(outside), i, url,
         )  # fmt: skip
+
+
+def _maybe_outside(urls: Any) -> Iterator[Tuple[int, str]]:
+    """(entry, URL) of the shards that may lie outside the manifest's folder: of a catalog, those
+    not plain names beside it (a name without ``/`` that is not ``.`` or ``..`` is inside)."""
+    if not hasattr(urls, "columns"):
+        yield from enumerate(urls)
+        return
+    names = urls.names
+    maybe = (urls.columns["prefix"] == 0) | (names.count_bytes(b"/") > 0)
+    maybe[names.short(2)] = True  # ("." and "..": looked at as the others)
+    for i in np.flatnonzero(maybe).tolist():
+        yield i, urls.url(i)

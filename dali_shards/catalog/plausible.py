@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
 
 from dali_shards.catalog.entries import BLOCK
+from dali_shards.catalog.columns import CHUNK, Catalog
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, ShardError
 from dali_shards.io.filesystems import is_remote
@@ -63,30 +66,59 @@ def first_bytes(url: str, config: StorageOptions, size: Optional[int]) -> Option
         return None
 
 
-def check_counts(
-    shards: Sequence[ShardInfo], slots: Sequence[int], origins: Sequence[str], config: StorageOptions
-) -> None:
-    """ConfigError naming the manifest entry (``origins[slot]``) and the shard if the counts of
-    ``shards[slot]`` cannot fit in it (see the module); one read of its first
-    bytes where a plain tar of its size could not hold them."""
-    doubtful: List[Tuple[int, int, int]] = []  # (slot, size, least bytes)
-    for slot in slots:
-        info = shards[slot]
-        member_bytes = sum(info.ext_bytes.values()) if info.ext_bytes else 0
-        size = info.bytes if info.bytes is not None else local_file_size(info.url)
-        least = least_tar_bytes(info.samples, member_bytes)
-        if size is not None and least > size:
-            doubtful.append((slot, size, least))
+def local_sizes(catalog: Catalog, rows: np.ndarray) -> np.ndarray:
+    """The sizes of shards ``rows`` (ascending) of ``catalog`` that are regular local files (-1 for
+    the others: remote, missing, a pipe or a device), one ``stat`` each."""
+    out = np.full(len(rows), -1, np.int64)
+    remote = np.array([is_remote(p) for p in catalog.prefixes], bool)
+    prefix = catalog.columns["prefix"]
+    rows = np.asarray(rows, np.int64)
+    for lo in range(0, len(catalog), CHUNK):
+        at = np.flatnonzero((rows >= lo) & (rows < lo + CHUNK)) if len(rows) != len(catalog) else np.arange(lo, min(lo + CHUNK, len(rows)))
+        if not len(at):
+            continue
+        names = catalog.names.slice(lo, lo + CHUNK)
+        for k, i in zip(at.tolist(), rows[at].tolist()):
+            p = int(prefix[i])
+            if not remote[p]:
+                size = local_file_size(catalog.prefixes[p] + names[i - lo])
+                out[k] = -1 if size is None else size
+    return out
+
+
+def check_counts(catalog: Catalog, rows: np.ndarray, origin_of: Callable[[int], str], config: StorageOptions) -> None:
+    """ConfigError naming the manifest entry (``origin_of(row)``) and the shard if the counts of
+    shard ``row`` of ``catalog`` (each of ``rows``, in order) cannot fit in it (see the module): its
+    counts against its size at array speed, and one read of its first bytes where a plain tar of
+    its size could not hold them."""
+    rows = np.asarray(rows, np.int64)
+    size = catalog.sizes[rows].copy()
+    unknown = np.flatnonzero(size < 0)
+    if len(unknown):
+        size[unknown] = local_sizes(catalog, rows[unknown])
+    samples, member = catalog.samples[rows], catalog.member_bytes[rows]
+    least = np.where(samples > 0, BLOCK * (samples.astype(np.float64) + 1), 0) + member.astype(np.float64)
+    near = np.flatnonzero((size >= 0) & (least >= size.astype(np.float64) - 1e6))  # (float64: exact below)
+    doubtful: List[Tuple[int, int, int]] = []  # (row, size, least bytes)
+    for k in near.tolist():
+        exact = least_tar_bytes(int(samples[k]), int(member[k]))
+        if exact > int(size[k]):
+            doubtful.append((int(rows[k]), int(size[k]), exact))
     if not doubtful:
         return
-    read = lambda d: first_bytes(shards[d[0]].url, config, shards[d[0]].bytes)  # noqa: E731
+    read = lambda d: first_bytes(catalog.url(d[0]), config, _known(catalog, d[0]))  # noqa: E731
     with ThreadPoolExecutor(max_workers=min(16, len(doubtful))) as pool:
         heads = list(pool.map(read, doubtful))
-    for (slot, size, least), head in zip(doubtful, heads):
+    for (row, size_k, least_k), head in zip(doubtful, heads):
         kind = compression_of(head) if head is not None else "unknown"
-        limit = size if kind is None else GZIP_RATIO * size if kind == "gzip" else None
-        if limit is not None and least > limit:
-            raise _too_many(shards[slot], origins[slot], size, kind, limit)
+        limit = size_k if kind is None else GZIP_RATIO * size_k if kind == "gzip" else None
+        if limit is not None and least_k > limit:
+            raise _too_many(catalog.info(row), origin_of(row), size_k, kind, limit)
+
+
+def _known(catalog: Catalog, row: int) -> Optional[int]:
+    size = int(catalog.sizes[row])
+    return None if size < 0 else size
 
 
 def _too_many(info: ShardInfo, origin: str, size: int, kind: Optional[str], limit: int) -> ConfigError:

@@ -33,16 +33,20 @@ import logging
 import os
 from typing import Dict, List, Sequence, Tuple, Union
 
+import numpy as np
 from braceexpand import braceexpand
 
-from dali_shards.errors import ConfigError, ManifestNotFound, ShardFormatError
+from dali_shards.errors import ConfigError, ManifestNotFound
+from dali_shards.catalog.assemble import concat, from_infos, replaced
+from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.catalog.scan import scan_shards
-from dali_shards.catalog.manifest import read_manifest
+from dali_shards.catalog.manifest import read_catalog, read_manifest
 from dali_shards.catalog.folders import MANIFEST_NAME, SHARD_SUFFIXES, folder_manifest, warn_unlisted
-from dali_shards.catalog.identity import Seen, ShardIdentity, spelled
+from dali_shards.catalog.identity import ShardIdentity
 from dali_shards.catalog.origins import warn_outside_folder
-from dali_shards.catalog.plausible import check_counts, local_file_size
+from dali_shards.catalog.parts import Origins, Part, check_manifested, refuse_repeats
+from dali_shards.catalog.plausible import check_counts
 from dali_shards.catalog.table import check_tables
 from dali_shards.options import StorageOptions
 from dali_shards.io.filesystems import DEFAULT_STORAGE, filesystem, is_remote
@@ -101,148 +105,114 @@ def resolve_source(
     counts: bool = True,
     stale_manifest: StaleManifest | str = option_default("stale_manifest"),
 ) -> List[ShardInfo]:
-    """The shards of ``source`` with their sample counts (a manifest, else a header scan of local
-    shards; with ``on_error="skip"`` damaged or missing local shards count what can be read).
-    Remote shards take their counts from a manifest beside them; with ``counts=False`` shards
-    without one are listed with ``samples=-1`` (the streaming mode) instead of refused. A shard
-    listed twice is a ConfigError, and so are counts a manifest gives that the shard cannot hold
-    (whatever ``on_error``); a local shard whose size is not its manifest's a ShardFormatError, or
-    (``stale_manifest="rescan"``) counted again."""
+    """The shards of ``source`` with their sample counts, one ``ShardInfo`` each (``resolve_catalog``)."""
+    return list(resolve_catalog(source, on_error, config, counts, stale_manifest))
+
+
+def resolve_catalog(
+    source: Source,
+    on_error: OnError | str = option_default("on_error"),
+    config: StorageOptions = DEFAULT_STORAGE,
+    counts: bool = True,
+    stale_manifest: StaleManifest | str = option_default("stale_manifest"),
+) -> Catalog:
+    """The catalog of ``source``: its shards with their sample counts (a manifest, else a header
+    scan of local shards; with ``on_error="skip"`` damaged or missing local shards count what can
+    be read). Remote shards take their counts from a manifest beside them; with ``counts=False``
+    shards without one are listed with ``samples=-1`` (the streaming mode) instead of refused. A
+    shard listed twice is a ConfigError, and so are counts a manifest gives that the shard cannot
+    hold (whatever ``on_error``); a local shard whose size is not its manifest's a
+    ShardFormatError, or (``stale_manifest="rescan"``) counted again."""
     on_error = enum_option(OnError, "on_error", on_error)
     stale = enum_option(StaleManifest, "stale_manifest", stale_manifest)
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not items:
         raise ConfigError("source is empty: give a shard pattern, a list of shards or a manifest")
-    shards: List[ShardInfo] = []
-    origins: List[str] = []
-    manifested: List[int] = []
-    to_scan: List[str] = []
-    slots: List[int] = []
-    remote: List[Tuple[int, str, str]] = []
-    for n, item in enumerate(items):
-        text = os.fspath(item)
-        listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
-        where = f"item {n} of the source list" if listed else "source"
-        folder = folder_manifest(text)
-        if folder is not None or is_manifest(text):
-            text, infos = folder if folder is not None else (text, read_manifest(text, config))
-            if folder is None and os.path.basename(text) == MANIFEST_NAME:
-                warn_outside_folder(text, [info.url for info in infos])
-            for i, info in enumerate(infos):
-                manifested.append(len(shards))
-                origins.append(f"{where}, manifest {text!r}, entry {i}")
-                shards.append(info)
-            continue
-        urls = expand_pattern(text, config)
-        warn_unlisted(text, urls)
-        for k, url in enumerate(urls):
-            if is_remote(url):
-                remote.append((len(shards), url, text))
-            else:
-                slots.append(len(shards))
-                to_scan.append(url)
-            origins.append(f"{where}, pattern {text!r}, match {k}" if urls != [text] else f"{where} ({text!r})")
-            shards.append(ShardInfo(url, -1))
-    _refuse_duplicates(shards, origins)
-    given = list(shards)  # as the manifests give them (those counted again need no check)
-    _check_manifested(shards, manifested, origins, stale, on_error, config)
-    for slot, info in zip(slots, scan_shards(to_scan, on_error=on_error, config=config)):
-        shards[slot] = info
-    beside = _count_remote(shards, remote, origins, config, counts) if remote else []
-    check_counts(shards, [s for s in manifested if shards[s] is given[s]] + beside, origins, config)
-    check_tables(shards, config)
-    if not shards:
+    parts = [_part(os.fspath(item), n, items, source, config) for n, item in enumerate(items)]
+    origins = Origins(parts)
+    if not (len(parts) == 1 and parts[0].manifested):  # (a manifest refuses its own repeats when read)
+        refuse_repeats(parts, origins)
+    checked = []  # (part, its rows whose counts a manifest gives: checked against their shards)
+    for part in parts:
+        if part.catalog is not None:
+            changed = check_manifested(part.catalog, origins.of(part), stale, on_error, config)
+            rescanned = scan_shards([part.catalog.url(i) for i in changed], on_error=on_error, config=config)
+            for i, info in zip(changed, rescanned):
+                log.warning(
+                    "dali_shards: shard %s has %s bytes, but its manifest says %s (%d samples); counted it again: "
+                    "%d samples", info.url, info.bytes, part.catalog.sizes[i], part.catalog.samples[i], info.samples,
+                )  # fmt: skip
+            part.catalog = replaced(part.catalog, dict(zip(changed, rescanned)))
+            given = np.ones(len(part.catalog), bool)
+            given[changed] = False  # (those counted again need no check)
+            checked.append((part, np.flatnonzero(given)))
+    _count_patterns(parts, on_error, config, counts, checked)
+    for part, rows in checked:
+        assert part.catalog is not None  # counted
+        check_counts(part.catalog, rows, origins.of(part), config)
+    catalog = concat([p.catalog for p in parts if p.catalog is not None])
+    check_tables(catalog, config)
+    if not len(catalog):
         raise ConfigError(f"source {source!r} names no shards")
-    return shards
+    return catalog
 
 
-def _count_remote(
-    shards: List[ShardInfo],
-    remote: Sequence[Tuple[int, str, str]],
-    origins: List[str],
-    config: StorageOptions,
-    counts: bool,
-) -> List[int]:
-    """Remote shards of patterns (slot, URL, pattern) take their counts from the manifests beside
-    them (their origins then name the manifest; the slots counted so are returned); without one,
-    a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
+def _part(text: str, n: int, items: Sequence[object], source: Source, config: StorageOptions) -> Part:
+    """Item ``n`` of the source: a manifest's catalog, or a pattern's shards (not yet counted)."""
+    listed = len(items) > 1 or not isinstance(source, (str, os.PathLike))
+    where = f"item {n} of the source list" if listed else "source"
+    folder = folder_manifest(text, config)
+    if folder is not None or is_manifest(text):
+        text, catalog = folder if folder is not None else (text, read_catalog(text, config))
+        if folder is None and os.path.basename(text) == MANIFEST_NAME:
+            warn_outside_folder(text, catalog)
+        return Part(where, text, catalog=catalog)
+    urls = expand_pattern(text, config)
+    warn_unlisted(text, urls)
+    return Part(where, text, infos=[ShardInfo(url, -1) for url in urls], matches=urls != [text])
+
+
+def _count_patterns(parts: Sequence[Part], on_error: str, config: StorageOptions, counts: bool, checked: list) -> None:
+    """The patterns' shards counted: local ones scanned (all at once), remote ones by the manifests
+    beside them (those then checked as a manifest's are)."""
+    local = [(p, k) for p in parts if p.infos is not None for k, s in enumerate(p.infos) if not is_remote(s.url)]
+    urls = [p.infos[k].url for p, k in local]  # type: ignore[index]
+    for (part, k), info in zip(local, scan_shards(urls, on_error=on_error, config=config)):
+        part.infos[k] = info  # type: ignore[index]
+    remote = [(p, k) for p in parts if p.infos is not None for k, s in enumerate(p.infos) if is_remote(s.url)]
+    beside = _count_remote(remote, config, counts) if remote else set()
+    for part in parts:
+        if part.infos is not None:
+            part.catalog = from_infos(part.infos)
+            rows = [k for k in range(len(part.infos)) if (id(part), k) in beside]
+            if rows:
+                checked.append((part, np.array(rows, np.int64)))
+
+
+def _count_remote(remote: Sequence[Tuple[Part, int]], config: StorageOptions, counts: bool) -> set:
+    """Remote shards of patterns (part, index) take their counts from the manifests beside them
+    (their origins then name the manifest; those counted so are returned, as (id(part), index));
+    without one, a ConfigError with the advice (or, without ``counts``, ``samples=-1``)."""
     shard_identity = ShardIdentity()
-    known = _manifests_beside([url for _, url, _ in remote], config, shard_identity)
-    found = []
-    for slot, url, pattern in remote:
+    known = _manifests_beside([p.infos[k].url for p, k in remote], config, shard_identity)  # type: ignore[index]
+    found = set()
+    for part, k in remote:
+        url = part.infos[k].url  # type: ignore[index]
         listed = known.get(shard_identity(url))
         if listed is not None:
-            shards[slot] = dataclasses.replace(listed, url=url)
-            origins[slot] += f", counted by {url.rsplit('/', 1)[0]}/{MANIFEST_NAME}"
-            found.append(slot)
+            part.infos[k] = dataclasses.replace(listed, url=url)  # type: ignore[index]
+            part.notes[k] = f", counted by {url.rsplit('/', 1)[0]}/{MANIFEST_NAME}"
+            found.add((id(part), k))
         elif counts:
             folder = url.rsplit("/", 1)[0]
             raise ConfigError(
                 f"no sample count for remote shard {url!r}: remote shards are not scanned at every start. "
-                f"Run `dali-shards index '{pattern}' --manifest local.json` once and pass local.json as the "
+                f"Run `dali-shards index '{part.text}' --manifest local.json` once and pass local.json as the "
                 f"source (works with read-only servers such as HTTP); where you can write to {folder}/, "
-                f"`dali-shards index '{pattern}'` puts {MANIFEST_NAME} there, found automatically from then on. "
+                f"`dali-shards index '{part.text}'` puts {MANIFEST_NAME} there, found automatically from then on. "
                 "Or set samples_per_epoch= to stream without counts (resampled)"
             )
     return found
-
-
-def _refuse_duplicates(shards: Sequence[ShardInfo], origins: Sequence[str]) -> None:
-    """A ConfigError naming a shard listed twice (``catalog.identity``: however spelled), both
-    spellings and both places."""
-    seen: Seen[int] = Seen()
-    for slot, info in enumerate(shards):
-        before = seen.before(info.url, slot)
-        if before is not None:
-            url, first = before
-            raise ConfigError(
-                f"shard {spelled(url, info.url)} is listed twice: by {origins[first]}, and by {origins[slot]}. "
-                "Each shard may appear once per epoch: remove one (check the patterns, lists and manifests of source=)"
-            )
-
-
-def _check_manifested(
-    shards: List[ShardInfo],
-    slots: Sequence[int],
-    origins: Sequence[str],
-    stale: StaleManifest,
-    on_error: OnError,
-    config: StorageOptions,
-) -> None:
-    """Compare the local shards listed by manifests with their recorded ``bytes`` (a stat each):
-    refuse a changed one (with ``on_error="skip"``: warn, and the workers skip it, counted), or
-    (``stale="rescan"``) count it again."""
-    changed = []
-    for slot in slots:
-        info = shards[slot]
-        actual = None if info.bytes is None else local_file_size(info.url)  # None: remote, or met when opened
-        if actual is None or actual == info.bytes:
-            continue
-        if stale is StaleManifest.RESCAN:
-            changed.append(slot)
-            continue
-        assert info.bytes is not None  # else actual is None
-        how = "truncated or rewritten" if actual < info.bytes else "rewritten"
-        error = ShardFormatError(
-            info.url,
-            f"has {actual} bytes, but {origins[slot]} says {info.bytes}: it was {how} after the manifest was "
-            f"written, so its sample count ({info.samples}) cannot be trusted",
-            hint="run `dali-shards index` on the shards again to rewrite the manifest, or pass "
-            'stale_manifest="rescan" to count changed shards again at every start',
-        )
-        if on_error is OnError.RAISE:
-            raise error
-        log.warning("dali_shards: %s; its samples will be skipped", error)
-    for slot, info in zip(changed, scan_shards([shards[s].url for s in changed], on_error=on_error, config=config)):
-        log.warning(
-            "dali_shards: shard %s has %s bytes, but its manifest says %s (%d samples); counted it again: %d samples",
-            info.url,
-            info.bytes,
-            shards[slot].bytes,
-            shards[slot].samples,
-            info.samples,
-        )
-        shards[slot] = info
 
 
 def _manifests_beside(urls: Sequence[str], config: StorageOptions, identity: ShardIdentity) -> Dict[str, ShardInfo]:

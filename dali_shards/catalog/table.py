@@ -116,9 +116,17 @@ class SampleTables:
     _loaded: "OrderedDict[int, Tuple[Optional[np.ndarray], np.ndarray]]" = field(default_factory=OrderedDict, repr=False)
     _bytes: int = 0
 
+    source: Any = field(default=None, repr=False)  # the catalog these are columns of (a mapped one travels as its path)
+
     @classmethod
     def of(cls, shards: Sequence[Any], storage: StorageOptions) -> "SampleTables":
-        """The tables of ``shards`` (``ShardInfo``s: ``table`` and ``table_at`` where in one)."""
+        """The tables of ``shards``: a ``Catalog`` (its columns), or ``ShardInfo``s (``table`` and
+        ``table_at`` where in one)."""
+        if hasattr(shards, "columns"):
+            cols = shards.columns
+            mapped = shards if getattr(shards, "path", None) is not None else None
+            tables = tuple(shards.tables)  # type: ignore[attr-defined]
+            return cls(tables, cols["table"], cols["table_at"], cols["spans"], cols["keys"], storage, source=mapped)
         urls: Dict[str, int] = {}
         table = np.full(len(shards), -1, np.int32)
         at = np.zeros(len(shards), np.int64)
@@ -130,7 +138,16 @@ class SampleTables:
         return cls(tuple(urls), table, at, spans, keys, storage)
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {**self.__dict__, "_loaded": OrderedDict(), "_bytes": 0}  # a worker loads its own
+        state = {**self.__dict__, "_loaded": OrderedDict(), "_bytes": 0}  # a worker loads its own
+        if self.source is not None:  # a mapped catalog's columns: mapped again there
+            state.update(table=None, at=None, spans=None, keys=None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.table is None:
+            cols = self.source.columns
+            self.table, self.at, self.spans, self.keys = cols["table"], cols["table_at"], cols["spans"], cols["keys"]
 
     def has(self, shard: int) -> bool:
         return bool(len(self.table)) and self.table[shard] >= 0
@@ -187,13 +204,21 @@ def read_range(table: str, lo: int, hi: int, config: StorageOptions, shard: str)
                                hint="check that the manifest's .samples file sits beside it") from None  # fmt: skip
 
 
-def check_tables(shards: Sequence[Any], config: StorageOptions = DEFAULT_STORAGE) -> None:
-    """A ConfigError unless every sample table ``shards`` point at holds their records: its size,
-    from the file system or one request (records are checked again as workers read them)."""
+def check_tables(shards: Any, config: StorageOptions = DEFAULT_STORAGE) -> None:
+    """A ConfigError unless every sample table ``shards`` (a ``Catalog``, or ``ShardInfo``s) point
+    at holds their records: its size, from the file system or one request (records are checked again
+    as workers read them)."""
     ends: Dict[str, int] = {}
-    for s in shards:
-        if s.table is not None:
-            ends[s.table] = max(ends.get(s.table, 0), s.table_at + int(record_bytes(s.samples)))
+    if hasattr(shards, "columns"):  # a catalog: its columns at once
+        cols = shards.columns
+        tabled = np.flatnonzero(cols["table"] >= 0)
+        stops = cols["table_at"][tabled] + record_bytes(cols["samples"][tabled])
+        for t in np.unique(cols["table"][tabled]).tolist():
+            ends[shards.tables[t]] = int(stops[cols["table"][tabled] == t].max())
+    else:
+        for s in shards:
+            if s.table is not None:
+                ends[s.table] = max(ends.get(s.table, 0), s.table_at + int(record_bytes(s.samples)))
     for table, end in ends.items():
         size = _size(table, config)
         if size is not None and size >= end:
@@ -204,16 +229,19 @@ def check_tables(shards: Sequence[Any], config: StorageOptions = DEFAULT_STORAGE
 
 
 def check_table_counts(manifest: str, table: str, counts: Sequence[int], urls: Sequence[str],
-                       config: StorageOptions = DEFAULT_STORAGE) -> None:  # fmt: skip
+                       config: StorageOptions = DEFAULT_STORAGE, end: Optional[int] = None) -> None:  # fmt: skip
     """A ConfigError if the local sample table of ``manifest`` holds more than the records the
-    counts of its entries make, or records out of the places those counts give them (a count
-    changed after the table was written), naming the first entry at fault. A remote table is
-    checked as workers read its records (``decode``); one missing or short, by ``check_tables``."""
+    counts of its entries make (``end``, where known), or records out of the places those counts
+    give them (a count changed after the table was written), naming the first entry at fault. A
+    remote table is checked as workers read its records (``decode``); one missing or short, by
+    ``check_tables``."""
     if is_remote(table):
         return
-    starts = record_starts(counts)
     size = _size(table, config)
-    if size is None or size == starts[-1]:
+    if size is None or size == end:
+        return
+    starts = record_starts(counts)
+    if size == starts[-1]:
         return
     entry = _misplaced(table, starts, size)
     if entry is not None:

@@ -13,7 +13,7 @@ shard's damage cannot be counted).
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -59,11 +59,12 @@ class EpochRecord:
 
 
 def lost_shards(shards: Sequence[Any]) -> List[Dict[str, Any]]:
-    """The damaged shards of a dataset (``ShardInfo``s with ``damage``), as the audit lists them."""
+    """The damaged shards of a dataset (``ShardInfo``s with ``damage``, or a catalog's), as the audit lists them."""
+    damaged = getattr(shards, "damage", None)
+    chosen = [shards[i] for i in sorted(damaged)] if isinstance(damaged, Mapping) else [s for s in shards if getattr(s, "damage", None)]
     return [
         {"shard": s.url, "samples_read": int(s.samples), "lost_at_least": int(s.lost), "damage": s.damage}
-        for s in shards
-        if getattr(s, "damage", None)
+        for s in chosen
     ]
 
 

@@ -47,6 +47,7 @@ from dali_shards.plan.mixture import MixSpec
 from dali_shards.plan.geometry import BatchLayout, check_positive, shard_of
 from dali_shards.plan.random import TAG_BATCH_ORDER, permutation
 from dali_shards.plan.runs import Runs, chunk_order
+from dali_shards.plan.sizes import as_sizes
 from dali_shards.plan.stratified import StratifiedParts
 from dali_shards.plan.units import Streams, Units
 
@@ -63,15 +64,15 @@ Lengths = Callable[[Any, np.ndarray], np.ndarray]  # (plan, positions) -> the sa
 class PlanSpec(BatchLayout):
     """Everything a plan depends on except the epoch; validated on construction."""
 
-    shard_sizes: Tuple[int, ...]
+    shard_sizes: Sequence[int]  # held as ``ShardSizes``: one array, compared as a tuple
     shuffle_buffer: int = field(default=option_default("shuffle_buffer"), kw_only=True)
     shuffle_block: int = field(default=option_default("shuffle_block"), kw_only=True)
     bucket_window: int = field(default=0, kw_only=True)  # samples per worker bucketed at once (0: none)
     mixture: Optional[MixSpec] = field(default=None, kw_only=True)  # a mix of streams: each one's draws per epoch
 
     def __post_init__(self) -> None:
-        sizes = np.asarray(self.shard_sizes, dtype=np.int64).reshape(-1)  # fast at a million shards
-        object.__setattr__(self, "shard_sizes", tuple(sizes.tolist()))
+        object.__setattr__(self, "shard_sizes", as_sizes(self.shard_sizes))  # fast at a million shards
+        sizes = as_sizes(self.shard_sizes).array
         check_positive(self, "shuffle_buffer")
         for name, what in (("shuffle_block", "0: a contiguous run per worker"), ("bucket_window", "0: no bucketing")):
             value = getattr(self, name)
@@ -95,12 +96,10 @@ class PlanSpec(BatchLayout):
             )
 
     # -- sizes -------------------------------------------------------------------------
-    @cached_property
+    @property
     def sizes(self) -> np.ndarray:
         """``shard_sizes`` as a read-only int64 array."""
-        sizes = np.asarray(self.shard_sizes, dtype=np.int64)
-        sizes.setflags(write=False)
-        return sizes
+        return self.shard_sizes.array  # type: ignore[attr-defined]
 
     @cached_property
     def num_samples(self) -> int:

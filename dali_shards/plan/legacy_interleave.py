@@ -144,7 +144,7 @@ class Interleaving:
         spec = self.spec
         if not (spec.shuffle and spec.shuffle_block > 0):
             return False
-        return sum(1 for n in spec.shard_sizes if n) >= max(MIN_SHARDS, spec.mini_batch)
+        return int(np.count_nonzero(spec.sizes)) >= max(MIN_SHARDS, spec.mini_batch)
 
     @property
     def block(self) -> int:

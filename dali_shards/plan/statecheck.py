@@ -16,10 +16,14 @@ import logging
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypedDict
+from functools import cached_property
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TypedDict
+
+import numpy as np
 
 from dali_shards.errors import ConfigError
 from dali_shards.options import MAX_EPOCH, LastBatch
+from dali_shards.plan.sizes import ShardSizes
 
 log = logging.getLogger("dali_shards")
 STATE_FORMAT = "dali-shards-state"
@@ -86,27 +90,60 @@ def digest(value: Any) -> str:
     return hashlib.sha1(json.dumps(value, separators=(",", ":")).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def relative_names(urls: Sequence[str]) -> Tuple[str, ...]:
-    """The URLs without the longest directory prefix they all share."""
+def relative_names(urls: Sequence[str]) -> Sequence[str]:
+    """The URLs without the longest directory prefix they all share (of a catalog's URLs, which say
+    that prefix themselves: a sequence that makes each name when it is read)."""
+    common = getattr(urls, "common_prefix", None)
+    if common is not None:
+        return CutNames(urls, common().rfind("/") + 1)
     cut = os.path.commonprefix(list(urls)).rfind("/") + 1 if urls else 0
     return tuple(u[cut:] for u in urls)
+
+
+class CutNames(Sequence[str]):
+    """``urls`` without their first ``cut`` characters, equal to the tuple of them."""
+
+    def __init__(self, urls: Sequence[str], cut: int):
+        self.urls, self.cut = urls, cut
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __getitem__(self, i: Any) -> Any:
+        return [u[self.cut :] for u in self.urls[i]] if isinstance(i, slice) else self.urls[i][self.cut :]
+
+    def __iter__(self) -> Iterator[str]:
+        return (u[self.cut :] for u in self.urls)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (tuple, list, CutNames)) and len(other) == len(self) and tuple(other) == tuple(self)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
 
 
 @dataclass(frozen=True)
 class DatasetId:
     """What identifies a dataset in a resume state: shard names (relative), counts, byte sizes."""
 
-    names: Tuple[str, ...]
-    counts: Tuple[int, ...]
-    byte_sizes: Tuple[Optional[int], ...] = ()
+    names: Sequence[str]
+    counts: Sequence[int]
+    byte_sizes: Sequence[Optional[int]] = ()
 
     @classmethod
     def of(cls, urls: Sequence[str], counts: Sequence[int], byte_sizes: Sequence[Optional[int]] = ()) -> "DatasetId":
-        return cls(relative_names(list(urls)), tuple(int(c) for c in counts), tuple(byte_sizes))
+        """The dataset of these shards (a catalog's views are kept as they are, read when a state is
+        made or checked)."""
+        sizes = byte_sizes if hasattr(byte_sizes, "catalog") else tuple(byte_sizes)
+        return cls(relative_names(urls), ShardSizes(np.asarray(counts, dtype=np.int64)), sizes)
 
     def record(self) -> DatasetRecord:
         """The ``dataset`` entry of a state."""
-        known = bool(self.byte_sizes) and all(b is not None for b in self.byte_sizes)
+        return dict(self._record)  # type: ignore[return-value]
+
+    @cached_property
+    def _record(self) -> DatasetRecord:
+        known = bool(len(self.byte_sizes)) and all(b is not None for b in self.byte_sizes)
         return {
             "shards": len(self.counts),
             "samples": sum(c for c in self.counts if c > 0),

@@ -33,7 +33,7 @@ class Guard:
         self.info.transfer.watch()
         control = self.info.control
         if control is not None:
-            urls = [s.url for s in self.info.shards]
+            urls = self.info.shards.urls  # (a view: a URL made when a stuck worker is named)
             self.watchdog = Watchdog(control, self.info.transfer.pids(), urls, self.info.rank)
             weakref.finalize(owner, self.watchdog.stop)  # (the watchdog holds no pipeline: this keeps none alive)
 

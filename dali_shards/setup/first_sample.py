@@ -16,6 +16,7 @@ import difflib
 import inspect
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.errors import ConfigError, EmptyDatasetError, ShardError
 from dali_shards.io.storage import open_shard, shard_cache
@@ -92,7 +93,9 @@ def check_fields_present(options: ShardedOptions, shards: Sequence[ShardInfo]) -
     except ShardError:
         return  # (the workers name the damage, as ``on_error`` says)
     for name, exts in _lacking(wanted, seen):
-        if not any(s.ext_bytes and any(e in s.ext_bytes for e in exts) for s in shards):
+        held = shards.ext_present(exts).any() if isinstance(shards, Catalog) else \
+            any(s.ext_bytes and any(e in s.ext_bytes for e in exts) for s in shards)  # fmt: skip
+        if not held:
             raise _missing_field(options.fields, name, exts, seen)
 
 

@@ -45,7 +45,7 @@ class ShardedPipelineInfo:
     control: Optional[ControlBlock] = field(default=None, compare=False, repr=False)
     probe: Optional[Callable[..., Any]] = field(default=None, compare=False, repr=False)  # Packing -> pipeline.probe.Probe
 
-    # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (ShardInfos),
+    # the resolved pipeline's options, spec (PlanSpec), rank, start_epoch, shards (a Catalog: ShardInfo views),
     # packing, resume_plan and mode, as attributes
     options = _resolved("options")
     spec = _resolved("spec", "the plan spec steps, masks and states follow")

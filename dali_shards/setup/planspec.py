@@ -5,27 +5,31 @@ or the streaming mode's spec. No DALI."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from dali_shards.catalog.assemble import as_catalog
+from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.shardinfo import ShardInfo
 from dali_shards.io.filesystems import is_remote
 from dali_shards.io.rangesupport import note_ignores_range, probe_ignores_range, server_of
 from dali_shards.options import ShardedOptions
 from dali_shards.plan.epoch import MIN_SHARDS, PlanSpec
 from dali_shards.plan.mixture import MixSpec
+from dali_shards.plan.sizes import ShardSizes
 from dali_shards.plan.streaming import StreamingSpec
 
 log = logging.getLogger("dali_shards")
 
 
 def plan_specs(
-    options: ShardedOptions, shards: Sequence[ShardInfo], world_size: int, mixture: Optional[MixSpec] = None
+    options: ShardedOptions, shards: Catalog, world_size: int, mixture: Optional[MixSpec] = None
 ) -> Tuple[PlanSpec, Optional[StreamingSpec]]:
     """The plan spec, and in the streaming mode the streaming spec it stands for (what the
     pipeline's workers follow, and ``dali-shards plan`` prints: interleaving only where every shard
     has sample offsets and every server answers ranged requests)."""
+    shards = as_catalog(shards)
     layout: Dict[str, Any] = dict(
         world_size=world_size,
         py_num_workers=options.py_num_workers,
@@ -38,13 +42,13 @@ def plan_specs(
         interleave = options.shuffle and options.shuffle_block and _indexed(shards)
         block = options.shuffle_block if interleave and _ranges_served(shards, options) else 0
         layout["bucket_window"] = options.bucket_window if options.bucket_by is not None else 0
-        if block and options.storage.cache_dir and any(is_remote(s.url) for s in shards):
+        if block and options.storage.cache_dir and any_remote(shards):
             log.warning(
                 "dali_shards: cache_dir is set, but interleaved shuffling (shuffle_block=%d) reads remote shards in "
                 "ranged pieces, which are not cached; shuffle_block=0 streams and caches whole shards (batches then "
                 "mix less if the shards are class-sorted)", block,
             )  # fmt: skip
-        sizes = tuple(s.samples for s in shards)
+        sizes = ShardSizes(shards.samples, shards if shards.path is not None else None)
         spec = PlanSpec(sizes, shuffle_buffer=options.shuffle_buffer, shuffle_block=block, mixture=mixture, **layout)
         if block and not spec.epoch(options.start_epoch).interleaving:
             _few_shards(spec)
@@ -71,28 +75,28 @@ def _few_shards(spec: PlanSpec) -> None:
     )  # fmt: skip
 
 
-def _indexed(shards: Sequence[ShardInfo]) -> bool:
+def _indexed(shards: Catalog) -> bool:
     """Whether every non-empty shard's sample offsets are known (interleaving reads by them);
     says once why not, and what to do."""
-    missing = [s for s in shards if s.samples and not s.has_spans]
-    if missing:
+    missing = np.flatnonzero((shards.samples != 0) & ~shards.has_spans())
+    if len(missing):
         log.warning(
             "dali_shards: %d of %d shards (e.g. %s) have no sample offsets (compressed, or listed in a version-1 "
             "manifest): workers read contiguous runs, so batches mix less than with interleaving (shuffle_block). "
             "Rewrite the manifest with `dali-shards index`, or store the shards uncompressed.",
-            len(missing), len(shards), missing[0].url,
+            len(missing), len(shards), shards.url(int(missing[0])),
         )  # fmt: skip
-    return not missing
+    return not len(missing)
 
 
-def _ranges_served(shards: Sequence[ShardInfo], options: ShardedOptions) -> bool:
+def _ranges_served(shards: Catalog, options: ShardedOptions) -> bool:
     """Whether every HTTP(S) server of the shards answers ranged requests (interleaving reads each
     sample by them): each asked once, with one GET of a byte of one of its shards (see
     ``io.rangesupport``); says which one does not, and that workers then read contiguous runs."""
     first: Dict[str, ShardInfo] = {}
-    for s in shards:
-        if s.samples and s.url.startswith(("http://", "https://")):
-            first.setdefault(server_of(s.url), s)
+    for i in _http_rows(shards):
+        s = shards.info(i)
+        first.setdefault(server_of(s.url), s)
     ignoring = [s for s in first.values() if probe_ignores_range(s.url, options.storage, s.bytes)]
     for s in ignoring:
         note_ignores_range(
@@ -101,3 +105,27 @@ def _ranges_served(shards: Sequence[ShardInfo], options: ShardedOptions) -> bool
             "the shards are class-sorted)",
         )  # fmt: skip
     return not ignoring
+
+
+def any_remote(shards: Catalog) -> bool:
+    """Whether one of the shards is remote."""
+    return bool(_first_rows(shards, is_remote, False))
+
+
+def _http_rows(shards: Catalog) -> List[int]:
+    """Non-empty shards served over HTTP(S), the first of each server among them (in order)."""
+    return _first_rows(shards, lambda url: url.startswith(("http://", "https://")), True)
+
+
+def _first_rows(shards: Catalog, wanted: Callable[[str], bool], held: bool) -> List[int]:
+    """Shards whose URL is ``wanted`` (``held``: non-empty ones only), in order; of those under one
+    folder prefix only the first (they share its server)."""
+    prefix = shards.columns["prefix"]
+    out: List[int] = []
+    for k, p in enumerate(shards.prefixes):
+        rows = np.flatnonzero((prefix == k) & (shards.samples != 0) if held else prefix == k)
+        if p == "":
+            out.extend(i for i in rows.tolist() if wanted(shards.url(i)))
+        elif len(rows) and wanted(p):
+            out.append(int(rows[0]))
+    return sorted(out)

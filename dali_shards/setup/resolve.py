@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
-from dali_shards.catalog.shardinfo import ShardInfo
+from dali_shards.catalog.assemble import as_catalog
+from dali_shards.catalog.columns import Catalog
 from dali_shards.options import ShardedOptions
 from dali_shards.catalog.table import SampleTables
 from dali_shards.plan.epoch import PlanSpec
@@ -22,6 +23,7 @@ from dali_shards.setup.mixing import resolve_shards
 from dali_shards.setup.planspec import plan_specs
 from dali_shards.plan.resume import Plan
 from dali_shards.plan.resume import resume_point
+from dali_shards.plan.sizes import ShardSizes
 from dali_shards.plan.statecheck import DatasetId
 from dali_shards.world import resolve_world
 from dali_shards.worker.config import WorkerConfig
@@ -50,7 +52,7 @@ class Resolved:
     options: ShardedOptions
     world_size: int
     rank: int
-    shards: Tuple[ShardInfo, ...]
+    shards: Catalog  # a sequence of ``ShardInfo`` views, in columns
     dataset: DatasetId
     packing: Packing
     mode: Mode
@@ -84,13 +86,12 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = (), transfer: Opti
     ``outputs``: with a ``map``, the names of its outputs (the pipeline function's parameters);
     ``transfer``: the pipeline's (``transfer.choice``; by default one made for the options)."""
     world_size, rank = resolve_world(options.world_size, options.rank)
-    listed, mixture = resolve_shards(options)
-    shards = tuple(listed)
+    shards, mixture = resolve_shards(options)
     transfer = transfer if transfer is not None else transfer_for(options)
     stage, sizes = choose_stage(options, shards, outputs, stream_starts(shards, mixture), transfer)
     packing = stage.packing
     spec, streaming = plan_specs(options, shards, world_size, mixture)
-    dataset = DatasetId.of([s.url for s in shards], [s.samples for s in shards], [s.bytes for s in shards])
+    dataset = DatasetId.of(shards.urls, ShardSizes(shards.samples), shards.byte_sizes)
     resume_prior: List[Dict[str, Any]]
     start_epoch, resume_plan, resume_prior = options.start_epoch, None, []
     lengths = SampleLengths(shards, options, stage) if options.bucket_by is not None else None
@@ -108,11 +109,11 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = (), transfer: Opti
         worker=0,
         mode=mode,
         rank=rank,
-        urls=tuple(s.url for s in shards),
-        byte_sizes=tuple(s.bytes for s in shards),
+        urls=shards.urls,
+        byte_sizes=shards.byte_sizes,
         stage=stage,
-        offsets=tuple(s.offsets for s in shards) if streaming is None else (),
-        key_crc=tuple(s.key_crc for s in shards) if streaming is None else (),
+        offsets=shards.offsets if streaming is None else (),
+        key_crc=shards.key_crc if streaming is None else (),
         tables=SampleTables.of(shards, options.storage) if streaming is None else SampleTables(),
         packing=packing,
         on_error=options.on_error,
@@ -140,11 +141,12 @@ def resolve(options: ShardedOptions, outputs: Sequence[str] = (), transfer: Opti
     )
 
 
-def excluded_samples(resumed: Mapping[str, Any], shards: Sequence[ShardInfo]) -> Tuple[int, ...]:
+def excluded_samples(resumed: Mapping[str, Any], shards: Catalog) -> Tuple[int, ...]:
     """The samples a resume state excludes (those DALI's operators failed on), sorted; a
     ConfigError if that is every sample: nothing would be left to deliver."""
     excluded = tuple(sorted({int(i) for i in resumed.get("excluded", ())}))
-    if excluded and len(excluded) >= sum(s.samples for s in shards if s.samples > 0):
+    shards = as_catalog(shards)
+    if excluded and len(excluded) >= int(shards.samples[shards.samples > 0].sum()):
         raise ConfigError(
             f"every one of the dataset's {len(excluded)} samples is excluded (\"excluded\" in the resume state: the "
             "samples DALI's operators failed on, under on_error='skip'): nothing is left to deliver. Fix the pipeline "
@@ -153,23 +155,26 @@ def excluded_samples(resumed: Mapping[str, Any], shards: Sequence[ShardInfo]) ->
     return excluded
 
 
-def mean_field_bytes(shards: Sequence[ShardInfo], exts: Sequence[str]) -> Optional[float]:
+def mean_field_bytes(shards: Catalog, exts: Sequence[str]) -> Optional[float]:
     """Mean bytes per sample of the members with these extensions, if the scan recorded them."""
-    samples = sum(s.samples for s in shards if s.samples > 0)
-    if not samples or any(s.ext_bytes is None for s in shards if s.samples > 0):
+    shards = as_catalog(shards)
+    held = shards.samples > 0
+    samples = int(shards.samples[held].sum())
+    if not samples or not shards.has_ext[held].all():
         return None
-    return sum((s.ext_bytes or {}).get(e, 0) for s in shards if s.samples > 0 for e in exts) / samples
+    return shards.ext_total(exts, held) / samples
 
 
-def stream_starts(shards: Sequence[ShardInfo], mixture: Optional[MixSpec]) -> Tuple[int, ...]:
+def stream_starts(shards: Catalog, mixture: Optional[MixSpec]) -> Tuple[int, ...]:
     """The ``__index__`` each stream of a mix begins at (``__stream__`` is found from it); one
     dataset: (0,)."""
     if mixture is None:
         return (0,)
-    return tuple(sum(s.samples for s in shards[:b]) for b in mixture.bounds[:-1])
+    counts = as_catalog(shards).samples
+    return tuple(int(counts[:b].sum()) for b in mixture.bounds[:-1])
 
 
-def field_sizes(shards: Sequence[ShardInfo], codec: SampleCodec) -> List[Tuple[float, int, str]]:
+def field_sizes(shards: Catalog, codec: SampleCodec) -> List[Tuple[float, int, str]]:
     """(mean bytes by the scan, tie-break, name) of the requested byte fields: what may be a payload."""
     byte_fields = [(name, exts) for name, kind, exts in codec.inputs if kind == FieldKind.BYTES and exts]
     return [(mean_field_bytes(shards, exts) or 0.0, -i, name) for i, (name, exts) in enumerate(byte_fields)]
@@ -180,7 +185,7 @@ def output_sizes(specs: Sequence[OutputSpec], sizes: Mapping[str, int]) -> List[
     return [(float(sizes.get(s.name, 0)), -i, s.name) for i, s in enumerate(specs) if s.kind in (FieldKind.BYTES, FieldKind.ARRAY)]
 
 
-def choose_stage(options: ShardedOptions, shards: Sequence[ShardInfo], outputs: Sequence[str], starts: Tuple[int, ...],
+def choose_stage(options: ShardedOptions, shards: Catalog, outputs: Sequence[str], starts: Tuple[int, ...],
                  transfer: Handover) -> Tuple[SampleStage, Dict[str, int]]:  # fmt: skip
     """The workers' Python stage (its codec, and its slot format as ``transfer`` lays it out) and,
     with a ``map``, the sizes of its outputs in the first sample; user callables are made portable
@@ -211,7 +216,7 @@ def choose_stage(options: ShardedOptions, shards: Sequence[ShardInfo], outputs: 
 MAX_SAMPLE_BYTES = 64 << 20  # the estimate's bound (a manifest's sizes of compressed shards do not bound it)
 
 
-def sample_bytes(shards: Sequence[ShardInfo], packing: Packing, sizes: Optional[Dict[str, int]] = None) -> Optional[int]:
+def sample_bytes(shards: Catalog, packing: Packing, sizes: Optional[Dict[str, int]] = None) -> Optional[int]:
     """A sample's estimated bytes in its slot (header included, and a quarter more), at most
     ``MAX_SAMPLE_BYTES``: with a ``map``, from the size of its outputs in the first sample; else
     from the scan's sizes of the requested members, or the shards' mean sample (None where neither
@@ -222,8 +227,9 @@ def sample_bytes(shards: Sequence[ShardInfo], packing: Packing, sizes: Optional[
         exts = [e for spec in packing.byte_fields for e in spec.extensions]
         mean = mean_field_bytes(shards, exts) if exts else 0.0
     if mean is None:
-        known = [(s.bytes, s.samples) for s in shards if s.bytes and s.samples > 0]
-        if not known:
+        shards = as_catalog(shards)
+        known = (shards.sizes > 0) & (shards.samples > 0)
+        if not known.any():
             return None
-        mean = sum(b for b, _ in known) / sum(n for _, n in known)
+        mean = float(shards.sizes[known].sum()) / float(shards.samples[known].sum())
     return min(MAX_SAMPLE_BYTES, int((mean + packing.header_bytes) * 1.25))

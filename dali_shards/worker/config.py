@@ -4,7 +4,7 @@ the main process, carried into the worker process by DALI (pickled, or inherited
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet, Optional, Tuple, Union
+from typing import FrozenSet, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -24,7 +24,9 @@ class WorkerConfig:
 
     ``mode`` says how epochs are delivered (``plan.mode``: ``Planned`` or ``Streaming``, with a
     resumed pipeline's first epoch). ``control`` is the path of the pipeline's control block (None: no supervision).
-    ``offsets`` holds, per shard, where each sample begins and the last one ends (see
+    ``urls``, ``byte_sizes``, ``offsets`` and ``key_crc`` are per-shard sequences: tuples, or views
+    of the pipeline's catalog (``catalog.columns``: a mapped one travels to the worker as its file's
+    path, so what a worker receives does not grow with the shards). ``offsets`` holds, per shard, where each sample begins and the last one ends (see
     ``catalog.shardinfo.ShardInfo``), or None where not in memory; ``key_crc``, per shard, each
     sample's key fingerprint where known (checked as samples are read); ``tables``, the sample tables
     of shards listed by a version-3 manifest, read for the shards this worker reads
@@ -39,11 +41,11 @@ class WorkerConfig:
     mode: Mode
     rank: int
     worker: int
-    urls: Tuple[str, ...]
-    byte_sizes: Tuple[Optional[int], ...]
+    urls: Sequence[str]
+    byte_sizes: Sequence[Optional[int]]
     packing: Packing
-    offsets: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
-    key_crc: Tuple[Optional[np.ndarray], ...] = field(default=(), compare=False, repr=False)
+    offsets: Sequence[Optional[np.ndarray]] = field(default=(), compare=False, repr=False)
+    key_crc: Sequence[Optional[np.ndarray]] = field(default=(), compare=False, repr=False)
     tables: SampleTables = field(default_factory=SampleTables, compare=False, repr=False)
     stage: Optional[SampleStage] = field(default=None, repr=False)
     on_error: OnError = OnError(option_default("on_error"))
@@ -106,7 +108,7 @@ class WorkerConfig:
         return self.mode.spec
 
     @property
-    def counts(self) -> Tuple[int, ...]:
+    def counts(self) -> Sequence[int]:
         """Each shard's sample count (the planned mode; none in the streaming mode)."""
         return self.mode.spec.shard_sizes if isinstance(self.mode, Planned) else ()
 

@@ -350,6 +350,18 @@ def test_scale_benchmark_runs_and_meets_its_targets_on_small_cases(tmp_path):
     assert results["readers-2000"]["readers_per_shard"] <= 9.0 and results["readers-20000"]["readers_per_shard"] <= 2.0
 
 
+def test_scale_benchmark_catalog_cases_run_on_a_tiny_manifest(tmp_path):
+    """benchmarks/scale.py's catalog cases (issue 47) on their tiny size: a rank that builds the
+    node's copy, one that maps it, one and two ranks of a node; each reads every shard."""
+    cases = "catalog-smoke,catalog-smoke-warm,node-smoke-1,node-smoke-2"
+    out = run([sys.executable, "benchmarks/scale.py", "--cases", cases, "--data-dir", str(tmp_path / "data"),
+               "--out", str(tmp_path / "scale.json")], 600)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    results = json.loads((tmp_path / "scale.json").read_text())["results"]
+    assert set(results) == set(cases.split(",")) and not any("error" in r for r in results.values()), results
+    assert all(r["shards"] == 4000 for r in results.values()) and results["node-smoke-2"]["ranks"] == 2
+
+
 def test_worker_cost_stages_name_modules_that_exist(monkeypatch):
     """worker_cost.py splits a profile into stages by module path: a renamed module must not fall
     silently into 'plan and order'."""

@@ -93,8 +93,8 @@ class DirectBatches:
 
     def prepare(self, carried_steps: Optional[int] = None) -> None:
         """Read ahead the group that opens the epoch (its steps before ``phase``: those the epoch
-        before's last group reaches into, ``carried_steps``), into the buffer for the next epoch's
-        group, while the epoch before is read."""
+        before's last group reaches into, ``carried_steps``), while the epoch before is read, beside
+        that last group (``GroupBuffers``)."""
         if not self.group_steps or self.opening is not None:
             return
         if carried_steps is not None:

@@ -4,8 +4,9 @@ the same for 16 samples as for 256, so a group of steps (about ``GROUP_SAMPLES``
 ``GROUP_BYTES`` bytes) pays it once. Every step of a group is worked out with one NumPy call per
 group, not per step: its samples (each once, in order: padding repeats the last), its layout, its
 rows. A worker's groups begin at steps of its own (``stagger.py``), so that the workers of a rank
-do not all read a group at the same step; the group that opens an epoch is read ahead, while the
-epoch before is read (``DirectBatches.prepare``), into a buffer of its own. Imports no DALI.
+do not all read a group at the same step; the group that opens an epoch is read ahead, with the
+epoch before's last group and after it in the same buffer (``DirectBatches.prepare``,
+``GroupBuffers``). Imports no DALI.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def first_seen(places: np.ndarray) -> tuple:
 
 class StepGroup:
     """Steps ``[first, end)`` of an epoch (``DirectBatches``; ``end`` at most ``stop``) read into one
-    buffer (the next epoch's, ``ahead``, for the group that opens an epoch read ahead), each step's
+    buffer (``ahead``: the group that opens an epoch, read beside the epoch before's last), each step's
     samples laid out as in its slot (block-aligned, one after another), located at once
     (``located.locate``), and each step's header rows made: a step then costs one copy of its bytes
     and of its rows into its slot (``GroupedStep``). ``ok`` is False where anything in the group is

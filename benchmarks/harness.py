@@ -92,7 +92,8 @@ class GpuMemory:
 
 
 def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
-    """Time to first batch, then samples/s over ``epochs`` timed epochs after a warm-up epoch."""
+    """Time to first batch, then samples/s over ``epochs`` timed epochs after a warm-up epoch (each
+    epoch's time from the end of the one before: its turn included), and each step's time."""
     from loaders import open_loader
 
     with PeakMemory(device_id=cfg.device_id) as memory:
@@ -103,15 +104,21 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
         first_batch = time.perf_counter() - start
         for ids in batches:  # the rest of the warm-up epoch
             count += len(ids)
-        rates, steps = [], 0
+        rates, steps, step_ms = [], 0, []
         cpu0, thread0, workers0 = time.process_time(), time.thread_time(), children_cpu_s()
         for _ in range(epochs):
-            t0 = time.perf_counter()
-            n = 0
+            t0 = last = time.perf_counter()
+            n, times = 0, []
             for ids in loader.epoch():
+                now = time.perf_counter()
+                times.append(1000 * (now - last))  # the first from the end of the epoch before
+                last = now
                 n += len(ids)
                 steps += 1
-            rates.append(n / (time.perf_counter() - t0))
+            end = time.perf_counter()
+            times.append(1000 * (end - last))  # the epoch's end: its last call and the pipeline's reset
+            step_ms.append(times)
+            rates.append(n / (end - t0))
         cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
         workers = children_cpu_s() - workers0
         shared = shared_memory_mb()
@@ -121,6 +128,7 @@ def measure_throughput(loader_name: str, cfg, epochs: int = 2) -> dict:
     return {
         "samples_per_s": rates[len(rates) // 2],
         "epochs": rates,
+        "step_ms": step_ms,  # per timed epoch: each step's time, then the epoch's end
         "first_batch_s": first_batch,
         "warmup_samples": count,
         "peak_memory_mb": memory.peak / 2**20,

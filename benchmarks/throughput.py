@@ -12,9 +12,13 @@ its main thread alone), peak memory (PSS of the process and its workers) and the
 the main process maps. Prints a table and writes JSON. (``compare.py`` adds webdataset +
 DataLoader, DALI Proxy and an audit; ``--map-cost`` adds what ``map=`` costs, see ``map_cost.py``;
 ``--image-check-cost`` the worker-side image check's; ``--baseline TREE`` the ring of an earlier
-version, in the same rounds: a before/after that this VM's drift between two runs cannot skew.)
+version, in the same rounds: a before/after that this VM's drift between two runs cannot skew;
+``--positions`` each step's time by its position in the epoch, and the steady and whole-epoch rates:
+``positions.py``; ``--turn`` measures the epoch turn as issue 47 states it: bytes only, the ring at
+2, 8 and 16 workers, 12 shards of 256 JPEGs, 12 steps per epoch, no peers, with ``--positions``.)
 
     python benchmarks/throughput.py --samples 8192 --batch-size 256 --workers 1,2,4,8
+    python benchmarks/throughput.py --turn --rounds 5 --baseline /tmp/main-tree
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from harness import bench_dir, child_main, interleaved, run_child  # noqa: E402
+from positions import markdown, per_round, positions_of, print_positions  # noqa: E402
 
 TRANSFERS = ("ring", "merge")
 WORKER_MODES = ("bytes", "peek")  # measured at every worker count of --workers
@@ -63,8 +68,9 @@ def configurations(args) -> List[Run]:
             runs += [Run(t, "dali_shards", {"transfer": t}, mode, n) for t in args.transfers.split(",")]
             if args.baseline and mode in WORKER_MODES:
                 runs.append(Run(BASELINE, "dali_shards", {"transfer": "ring"}, mode, n, args.baseline))
-        runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
-        runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
+        if args.peers:
+            runs.append(Run("native_webdataset", "native_webdataset", {}, mode, counts[0]))  # threads, no workers
+            runs.append(Run("plain_4892", "plain_4892", {}, mode, args.decode_workers))
         if args.image_check_cost:
             runs.append(Run(CHECK_OFF, "dali_shards", {"image_check": "off"}, mode, args.decode_workers))
     return runs
@@ -72,7 +78,7 @@ def configurations(args) -> List[Run]:
 
 def measure(args, run: Run) -> Dict:
     cmd = ["--child", "throughput", "--loader", run.loader, "--options", json.dumps(run.options), "--mode",
-           run.mode, "--data-dir", args.data_dir, "--samples", str(args.samples), "--batch-size",
+           run.mode, "--data-dir", args.data_dir, "--samples", str(args.samples), "--per-shard", str(args.per_shard), "--batch-size",
            str(args.batch_size), "--workers", str(run.workers), "--threads", str(args.threads), "--epochs",
            str(args.epochs)]  # fmt: skip
     if args.device_id is not None:
@@ -98,6 +104,10 @@ def measure_all(args, runs: List[Run]) -> Dict[Tuple[str, str, int], Dict]:
         figures["peak_memory_mb"] = max(x["peak_memory_mb"] for x in results)
         figures["rounds"] = [x["samples_per_s"] for x in results]
         figures["dali_shards_from"] = sorted({x["dali_shards_from"] for x in results if "dali_shards_from" in x})
+        if args.positions and run.loader == "dali_shards":
+            figures["positions"] = {**positions_of([e for x in results for e in x["step_ms"]], args.batch_size),
+                                    "rounds": per_round([x["step_ms"] for x in results], args.batch_size)}  # fmt: skip
+            figures["step_ms"] = [[[round(t, 2) for t in e] for e in x["step_ms"]] for x in results]  # by round, epoch
         out[(run.mode, run.label, run.workers)] = figures
     return out
 
@@ -118,6 +128,10 @@ def ratios_of(results: Dict[Tuple[str, str, int], Dict], args) -> Dict[str, floa
             out[f"{m}_ring_vs_baseline_{n}_workers"] = ring / rate(m, BASELINE, n)
             pairs = zip(results[(m, "ring", n)]["rounds"], results[(m, BASELINE, n)]["rounds"])
             out[f"{m}_ring_vs_baseline_{n}_workers_per_round"] = statistics.median(a / b for a, b in pairs)
+    for (m, label, n), r in results.items():
+        if "positions" in r:  # the epoch turn's targets (positions.py)
+            out[f"{m}_{label}_{n}_workers_worst_step_vs_median"] = r["positions"]["worst_step_vs_median"]
+            out[f"{m}_{label}_{n}_workers_whole_epoch_vs_steady"] = r["positions"]["whole_vs_steady"]
     d = args.decode_workers
     for label in TRANSFERS:
         if rate("decode", label, d) and rate("decode", "native_webdataset", d):
@@ -144,12 +158,17 @@ def print_table(results: Dict[Tuple[str, str, int], Dict], ratios: Dict[str, flo
               f"{r['peak_memory_mb']:8.0f} {r['shared_memory_mb']:7.0f}")  # fmt: skip
     print()
     for name, value in ratios.items():
-        print(f"{name:40} {value:5.2f}x")
+        print(f"{name:52} {value:5.2f}x")
 
 
-def main(argv=None):
+TURN = {"samples": 3072, "per_shard": 256, "workers": "2,8,16", "modes": "bytes", "transfers": "ring", "epochs": 5,
+        "positions": True, "peers": False, "out": os.path.join(HERE, "results", "throughput_turn.json")}  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--samples", type=int, default=8192, help="dataset size (a multiple of 512 x workers)")
+    ap.add_argument("--per-shard", type=int, default=512, help="samples per shard")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", default="1,2,4,8", help="py_num_workers measured in bytes mode (comma-separated)")
     ap.add_argument("--decode-workers", type=int, default=2, help="py_num_workers of the decode mode and the peers")
@@ -166,13 +185,27 @@ def main(argv=None):
     ap.add_argument("--baseline", default=None, help="a source tree of an earlier version (e.g. from git archive): its "
                     f"ring measured as '{BASELINE}' in the same rounds, in the modes measured at every worker count "
                     "of --workers")  # fmt: skip
+    ap.add_argument("--positions", action="store_true", help="each step's time by position in the epoch, both rates")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="leave DALI's reader and the plain "
+                    "workaround out")  # fmt: skip
+    ap.add_argument("--turn", action="store_true", help=f"the epoch turn as issue 47 measures it (explicit options "
+                    f"win): {TURN}")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.turn:
+        ap.set_defaults(**TURN)
+        args = ap.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
-    if any(args.samples % (512 * w) for w in args.workers + [args.decode_workers]):
+    if args.peers and any(args.samples % (512 * w) for w in args.workers + [args.decode_workers]):
         ap.error("--samples must be a multiple of 512 x every worker count (the plain workaround needs equal shares)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     from bench_data import build_bench_shards
 
-    shards = build_bench_shards(bench_dir(args.data_dir, args.samples, 512), num_samples=args.samples)
+    shards = build_bench_shards(bench_dir(args.data_dir, args.samples, args.per_shard), num_samples=args.samples,
+                                samples_per_shard=args.per_shard)  # fmt: skip
     mean_kb = sum(os.path.getsize(p) for p in shards) / args.samples / 1024
     results = measure_all(args, configurations(args))
     ratios = ratios_of(results, args)
@@ -187,9 +220,16 @@ def main(argv=None):
         from map_cost import measure_map_cost
 
         report["map"] = measure_map_cost(os.path.abspath(__file__), args)
-    print_table(results, ratios, f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch "
-                f"{args.batch_size}, {args.threads} DALI threads, {os.cpu_count()} CPUs; median of {args.rounds} "
-                "interleaved rounds, each run in its own process")  # fmt: skip
+    header = (f"{args.samples} JPEGs ({mean_kb:.0f} KB avg) in {len(shards)} shards, batch {args.batch_size}, "
+              f"{args.threads} DALI threads, {os.cpu_count()} CPUs; median of {args.rounds} interleaved rounds, each "
+              "run in its own process")  # fmt: skip
+    print_table(results, ratios, header)
+    if args.positions:
+        table = {f"{m} {label} {n}w": r["positions"] for (m, label, n), r in results.items() if "positions" in r}
+        title = f"Step times by position in the epoch (ms), {args.epochs} timed epochs x {args.rounds} rounds"
+        print_positions(table, title)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(markdown(table, f"{title}; {header}"))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

@@ -23,11 +23,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from dali_shards.worker.grouped import GroupedStep, StepGroup, first_seen
+from dali_shards.worker.grouped import GroupedStep, StepGroup, first_seen, group_steps
 from dali_shards.worker.located import NotDirect, aligned, any_excluded, layout, located_fields, offset_columns, read_spans
 from dali_shards.ipc.packed import INDEX_COLUMN, STATUS_PADDING, STATUS_VALID, VALID_COLUMN, Packed, table_rows
 from dali_shards.worker.pieces import Interleaved
 from dali_shards.worker.clock import StepClock
+from dali_shards.worker.stagger import carried, first_phase, group_end, last_start, next_phase, prepare_step
 from dali_shards.worker.reader import Skipped
 from dali_shards.worker.standin import StandIn
 from dali_shards.ipc.tables import Grow
@@ -52,7 +53,11 @@ class DirectBatches:
     """One epoch of a worker's steps as ``DirectStep``s (the ring's fast path), stamped in the
     control block and cut short where the main process says, as ``planned.EpochBatches``. Small
     steps are read and located in groups (``StepGroup``): the fixed cost of a step's NumPy work is
-    paid once per group."""
+    paid once per group. The groups begin at this worker's steps (``stagger.py``: from ``phase``,
+    every ``group_steps``); the steps before ``phase`` are the group that opens the epoch, read
+    ahead with the epoch before's last group where the epoch was prepared (``prepare``). At step
+    ``prepare_at`` (where its last group begins) the next epoch is prepared
+    (``PlannedWorkerSource.prepare``)."""
 
     def __init__(self, source: Any, epoch: int, plan: Any, emissions: Sequence[Tuple[int, bool]]):
         self.source, self.epoch, self.plan = source, epoch, plan
@@ -72,8 +77,34 @@ class DirectBatches:
         # spans inside their shards as counted: a bad or stale index takes the general way, which says so
         self.sane = (self.spans[:, 0] <= self.spans[:, 1]) & (self.spans[:, 1] <= sizes)
         self.offset_columns = offset_columns(cfg.packing)
-        self.clock = iter(StepClock(source.stamps, epoch, plan.steps - plan.start_step))
+        self.steps = count = plan.steps - plan.start_step
+        self.clock = iter(StepClock(source.stamps, epoch, count))
         self.group: Optional[StepGroup] = None
+        m, worker, workers = plan.spec.mini_batch, source.config.worker, source.config.spec.py_num_workers
+        self.group_steps = group_steps(m) if m < GROUPED_BELOW else 0  # (0: every step read straight into its slot)
+        self._phase(first_phase(worker, workers, count, self.group_steps))
+        if not self.group_steps:
+            self.prepare_at = prepare_step(worker, workers, count)
+        self.opening: Optional[StepGroup] = None  # the steps before the phase, read ahead
+
+    def _phase(self, phase: int) -> None:
+        self.phase = phase
+        self.prepare_at = last_start(phase, self.group_steps, self.steps)
+
+    def prepare(self, carried_steps: Optional[int] = None) -> None:
+        """Read ahead the group that opens the epoch (its steps before ``phase``: those the epoch
+        before's last group reaches into, ``carried_steps``), while the epoch before is read, beside
+        that last group (``GroupBuffers``)."""
+        if not self.group_steps or self.opening is not None:
+            return
+        if carried_steps is not None:
+            self._phase(next_phase(carried_steps, self.group_steps, self.steps))
+        if self.phase > 0:
+            self.opening = StepGroup(self, 0, self.phase, ahead=True)
+
+    def close(self) -> None:
+        """Close the epoch's reading (an epoch prepared but never asked for, too)."""
+        self.reading.close()
 
     def __iter__(self) -> "DirectBatches":
         return self
@@ -84,11 +115,22 @@ class DirectBatches:
         except StopIteration:
             self.reading.close()
             raise
-        if self.plan.spec.mini_batch >= GROUPED_BELOW:  # read straight into the slot: one copy
+        out = self._step(step)
+        if step == self.prepare_at:  # (with its last group: the steps of the next epoch that group reaches into)
+            reach = carried(self.phase, self.group_steps, self.steps) if self.group_steps else None
+            self.source.prepare(self.epoch + 1, reach)
+        return out
+
+    def _step(self, step: int) -> Union["DirectStep", "GroupedStep"]:
+        if not self.group_steps:  # read straight into the slot: one copy
             places, valid = self.step(step)
             return DirectStep(self, places, valid)
         if self.group is None or not self.group.first <= step < self.group.end:
-            self.group = StepGroup(self, step)
+            opening, self.opening = self.opening, None
+            if opening is not None and opening.first == step:
+                self.group = opening
+            else:
+                self.group = StepGroup(self, step, group_end(step, self.phase, self.group_steps, self.steps))
         if self.group.ok:
             return GroupedStep(self.group, step - self.group.first)
         places, valid = self.step(step)

@@ -5,16 +5,15 @@ included), nothing about how they reach DALI.
 A :class:`PlannedWorkerSource` lives in the worker process that reads for it (a transfer starts it
 there: see ``dali_shards.transfer``); ``source.epoch(e)`` is the iterator of epoch ``e``'s
 mini-batches. It stamps its progress in the pipeline's control block and ends an epoch early where
-the main process cut it short. The module imports no DALI.
+the main process cut it short. While an epoch is read, the next one is prepared at a step of its
+own for each worker (``stagger.py``): its plan and order, and on the fast path its first group of
+steps, read ahead; nothing of it is handed on before it is asked for. The module imports no DALI.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
-
-import numpy as np
+from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from dali_shards.errors import WorkerError
 from dali_shards.plan.bucket import window_order, window_steps
@@ -26,7 +25,10 @@ from dali_shards.worker.direct import DirectBatches, direct_fits
 from dali_shards.ipc.packed import Packed
 from dali_shards.worker.pieces import Interleaved, positioned, read_interleaved, read_segments
 from dali_shards.worker.clock import StepClock
+from dali_shards.worker.grouped import GroupBuffers
+from dali_shards.worker.pending import Pending, draws
 from dali_shards.worker.reader import Item, ShardReader, Skipped
+from dali_shards.worker.stagger import prepare_step
 from dali_shards.worker.standin import StandIn
 
 log = logging.getLogger("dali_shards")
@@ -42,8 +44,9 @@ class Ahead(NamedTuple):
 
 class PlannedWorkerSource:
     """The mini-batches of one local worker (``config``), epoch by epoch (``epoch(e)``), stamped in
-    its control-block ``slot``. Nothing is opened before an epoch's first mini-batch is asked for.
-    When the epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
+    its control-block ``slot``. Nothing is opened before the first epoch's first mini-batch is asked
+    for; each epoch prepares the next at this worker's step (``prepare``: ``prepared``). When the
+    epoch's remote requests are all answered, the next epoch's reading starts (``ahead``).
     """
 
     def __init__(self, config: WorkerConfig, mode: Planned, stamps=NO_STAMPS, direct: bool = False):
@@ -54,11 +57,39 @@ class PlannedWorkerSource:
         self.stamps = stamps
         self.direct = direct and direct_fits(config)
         self.ahead: Optional[Ahead] = None
-        self.group_buf = np.empty(0, dtype=np.uint8)  # the fast path's groups' bytes (grouped.py), kept across epochs
+        self.prepared: Optional[Union["EpochBatches", DirectBatches]] = None  # the next epoch's, made ahead
+        self.buffers = GroupBuffers()  # the fast path's groups' bytes (grouped.py), kept across epochs
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         """The iterator of ``epoch``'s mini-batches (with ``direct``, where the epoch allows it, of
-        table writers that read a step straight into the ring's slot: ``worker/direct.py``)."""
+        table writers that read a step straight into the ring's slot: ``worker/direct.py``): the
+        one prepared while the epoch before was read, if any."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            if prepared.epoch == epoch:
+                return prepared
+            prepared.close()  # (epochs are asked for in order: not expected)
+        return self._batches(epoch)
+
+    def prepare(self, epoch: int, carried: Optional[int] = None) -> None:
+        """Make ``epoch``'s iterator now, while the epoch before is read: its plan and order, and
+        on the fast path its opening group of steps (``DirectBatches.prepare``: ``carried``, the steps
+        the epoch before's last group reaches into). Only a head start: where anything fails, the
+        epoch begins as usual when it is asked for, and fails there."""
+        if self.prepared is not None:
+            return
+        batches: Optional[Union[EpochBatches, DirectBatches]] = None
+        try:
+            batches = self._batches(epoch)
+            batches.prepare(carried)
+        except Exception as exc:  # noqa: BLE001 - said again, in its place, when the epoch is asked for
+            log.debug("dali_shards: epoch %d not prepared ahead: %r", epoch, exc)
+            if batches is not None:
+                batches.close()
+            return
+        self.prepared = batches
+
+    def _batches(self, epoch: int) -> Union["EpochBatches", DirectBatches]:
         if self.direct and self.ahead is None:
             plan = self.plan_for(epoch)
             emissions = plan.worker_emissions(self.config.virtual_worker)
@@ -107,45 +138,6 @@ class PlannedWorkerSource:
         return Interleaved(plan, order, needed.__contains__, reader, ahead_of=ahead_of)
 
 
-def draws(emissions: List[Tuple[int, bool]]) -> List[int]:
-    """The positions of ``emissions`` in order, each as many times as it is drawn valid (once where
-    it only pads)."""
-    counts = Counter(pos for pos, ok in emissions if ok)
-    for pos, _ in emissions:
-        counts.setdefault(pos, 1)
-    return sorted(counts.elements())
-
-
-class Pending:
-    """Samples read ahead of their emission, by position: one per draw (a mix may draw a sample
-    twice in an epoch), taken oldest first."""
-
-    def __init__(self) -> None:
-        self._items: Dict[int, List[Item]] = {}
-
-    def put(self, pos: int, item: Item) -> None:
-        self._items.setdefault(pos, []).append(item)
-
-    def __contains__(self, pos: int) -> bool:
-        return pos in self._items
-
-    def __len__(self) -> int:
-        return sum(len(items) for items in self._items.values())
-
-    def pop(self, pos: int) -> Item:
-        items = self._items[pos]
-        item = items.pop(0)
-        if not items:
-            del self._items[pos]
-        return item
-
-    def values(self) -> List[Item]:
-        return [item for items in self._items.values() for item in items]
-
-    def clear(self) -> None:
-        self._items.clear()
-
-
 class EpochBatches:
     """Iterator over one epoch's mini-batches of one worker (lists of ``mini_batch`` packed samples)."""
 
@@ -160,6 +152,8 @@ class EpochBatches:
         self._good = StandIn(source.config)  # stands in for skipped samples
         self._reading: Optional[Interleaved] = None
         self._ahead_of: Optional[Interleaved] = None  # a remote reading whose next epoch is not started yet
+        self._planned: Optional[Tuple[Plan, List[Tuple[int, bool]]]] = None  # the plan and this worker's emissions
+        self._prepare_at = -1  # the step after which the next epoch is prepared
 
     def __iter__(self) -> "EpochBatches":
         return self
@@ -177,20 +171,38 @@ class EpochBatches:
         if self._ahead_of is not None and self._ahead_of.fetcher is not None and self._ahead_of.fetcher.fetched_all:
             current, self._ahead_of = self._ahead_of, None
             src.start_next_epoch(self.epoch + 1, current)
+        if step == self._prepare_at:
+            src.prepare(self.epoch + 1)
         return batch
+
+    def prepare(self, carried: Optional[int] = None) -> None:
+        """The epoch's plan and this worker's emissions, made now (nothing is read; ``carried``:
+        the fast path's, see ``DirectBatches.prepare``)."""
+        if self._planned is None:
+            plan = self.source.plan_for(self.epoch)
+            self._planned = (plan, plan.worker_emissions(self.source.config.virtual_worker, self._window(plan)[2]))
+
+    @staticmethod
+    def _window(plan: Plan) -> Tuple[int, int, int]:
+        """(slots per bucketing window or 0, slots of the resumed epoch passed over, the first slot
+        emitted: the start of the window where it is bucketed)."""
+        m = plan.spec.mini_batch
+        span = window_steps(plan.spec.bucket_window, m) * m
+        skip = plan.start_step * m
+        return span, skip, skip // span * span if span else skip
 
     def _start(self) -> int:
         """Open the epoch's reading; the steps it takes."""
         src = self.source
         ahead = src.take_ahead(self.epoch)
-        plan = ahead.plan if ahead is not None else src.plan_for(self.epoch)
-        m = plan.spec.mini_batch
-        span = window_steps(plan.spec.bucket_window, m) * m
-        skip = plan.start_step * m
-        first = skip // span * span if span else skip  # bucketing: from the start of the window
+        if ahead is None:
+            self.prepare()
+        plan, emissions = (ahead.plan, ahead.emissions) if ahead is not None else self._planned  # type: ignore[misc]
+        span, skip, first = self._window(plan)
         v = src.config.virtual_worker
-        emissions = ahead.emissions if ahead is not None else plan.worker_emissions(v, first)
         steps = plan.steps - plan.start_step
+        cfg = src.config
+        self._prepare_at = prepare_step(cfg.worker, cfg.spec.py_num_workers, steps)
         self._order = self._bucketed(emissions, span, skip - first, first // span) if span else iter(emissions)
         if plan.interleaving and plan.worker_valid_count(v):
             reading = self._reading = ahead.reading if ahead is not None else src.interleaved(plan, emissions)
@@ -280,6 +292,10 @@ class EpochBatches:
         item = pending.pop(pos)
         self._last = (pos, item)
         return item
+
+    def close(self) -> None:
+        """Close what the epoch opened (an epoch prepared but never asked for, too)."""
+        self._close()
 
     def _close(self) -> None:
         if self._samples is not None:

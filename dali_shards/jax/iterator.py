@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import jax
 from nvidia.dali.pipeline import Pipeline
@@ -17,13 +17,13 @@ from dali_shards.jax.outputs import SHAPE_SUFFIX, check_bounds
 from dali_shards.jax.ranks import JaxRanks
 from dali_shards.jax.sharding import GlobalBatch
 from dali_shards.session import RunSession, check_output_map
+from dali_shards.session.adapter import SessionAdapter
 from dali_shards.session.run import info_of
-from dali_shards.setup.info import ShardedPipelineInfo
 
 __all__ = ["DALIShardedIterator"]
 
 
-class DALIShardedIterator:
+class DALIShardedIterator(SessionAdapter):
     """An iterator over one process's sharded pipeline for a JAX program: each ``next()`` is a dict
     from each name of ``output_map`` (one per output of the pipeline function, in order) to a global
     ``jax.Array`` of ``batch_size * world_size`` rows, split over the devices as ``sharding`` says
@@ -92,61 +92,17 @@ class DALIShardedIterator:
         """The sharding of output ``name`` (of ``ndim`` axes) in every batch."""
         return self._global.sharding_for(name, ndim)
 
-    @property
-    def info(self) -> ShardedPipelineInfo:
-        """The pipeline's ``ShardedPipelineInfo`` (a rebuilt pipeline's after a resume)."""
-        return self._session.info
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return self._session.epoch
-
-    @property
-    def step(self) -> int:
-        """Steps of the current epoch taken so far (``dali_shards.pytorch.DALIShardedIterator.step``)."""
-        return self._session.step
-
-    @property
-    def audits(self) -> List[Dict[str, Any]]:
-        """The report of each epoch audited (``audit=True``), in order."""
-        return self._session.audits
-
-    @property
-    def incidents(self) -> List[Dict[str, Any]]:
-        """Each sample a DALI operator failed on, skipped (``on_error="skip"``), with its costs."""
-        return self._session.incidents
-
-    def __len__(self) -> int:
-        """Batches this iterator delivers in the current epoch, from where it started it."""
-        return len(self._session)
-
-    def state_dict(self) -> Dict[str, Any]:
-        """Where the epoch stands: a small JSON-able dict, the same on every process."""
-        return self._session.state_dict()
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a ``state_dict()`` (of this run or one under another number of processes):
         the pipeline is rebuilt to resume there."""
         with quiet_fork():
             self._session.load_state_dict(state)
 
-    def __iter__(self) -> "DALIShardedIterator":
-        """The iterator itself: a loop continues the current epoch where it stands (after every
-        batch of an epoch was taken, the next epoch)."""
-        self._session.loop()
-        return self
-
     def __next__(self) -> Dict[str, jax.Array]:
         with quiet_fork():  # (a skipped sample rebuilds the pipeline)
             batch, mask = self._session.next()
         batch[self.mask_name] = mask
         return self._global.assemble(batch)
-
-    def reset(self) -> None:
-        """Leave the current epoch and get ready for the next one; nothing to do at its start (the
-        batches the workers may already have prepared are read and discarded)."""
-        self._session.reset()
 
 
 @contextlib.contextmanager

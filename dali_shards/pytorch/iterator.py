@@ -4,7 +4,7 @@ a run session (``dali_shards.session``), which does everything but the outputs' 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -15,12 +15,12 @@ from dali_shards.errors import ConfigError
 from dali_shards.pytorch.outputs import BatchOutputs, device_of, select
 from dali_shards.pytorch.ranks import TorchRanks
 from dali_shards.session import STATUS_OUTPUT, RunSession, check_output_map
-from dali_shards.setup.info import ShardedPipelineInfo
+from dali_shards.session.adapter import SessionAdapter
 
 __all__ = ["DALIShardedIterator", "STATUS_OUTPUT", "check_output_map"]
 
 
-class DALIShardedIterator(DALIGenericIterator):
+class DALIShardedIterator(SessionAdapter, DALIGenericIterator):
     """A ``DALIGenericIterator`` for one sharded pipeline that knows its epoch.
 
     - ``len(it)`` is the number of batches this iterator delivers in the current epoch from where
@@ -100,75 +100,13 @@ class DALIShardedIterator(DALIGenericIterator):
         assert outputs is not None  # made by the feed before DALI's iterator starts
         return [outputs.prepare(outs) for outs in DALIGenericIterator._get_outputs(self)]
 
-    # -- the public API: the session's, batches in PyTorch's types --------------------------------
-    @property
-    def info(self) -> ShardedPipelineInfo:
-        """The pipeline's ``ShardedPipelineInfo`` (``pipe.dali_shards``; a rebuilt pipeline's after a resume)."""
-        return self._session.info
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
-        return self._session.epoch
-
-    @property
-    def audit(self) -> bool:
-        """Whether each finished epoch is audited (``audits``)."""
-        return self._session.audit
-
-    @property
-    def audits(self) -> List[Dict[str, Any]]:
-        """The report of each epoch audited (``audit=True``), in order."""
-        return self._session.audits
-
-    @property
-    def incidents(self) -> List[Dict[str, Any]]:
-        """Each sample a DALI operator failed on, skipped (``on_error="skip"``), with its costs."""
-        return self._session.incidents
-
-    @property
-    def step(self) -> int:
-        """Steps of the current epoch taken so far on this rank: the batches returned, and those the
-        runs its ``resume_from`` state came from took in that epoch (after a resume under the same
-        layout, the state's step; under another layout, the steps of the layouts before it, then
-        on). It never goes back within an epoch; ``len(it)`` counts the batches this iterator
-        delivers in the epoch from where it started it."""
-        return self._session.step
-
-    def __len__(self) -> int:
-        """Batches this iterator delivers in the current epoch, from where it started it: the steps
-        per epoch, or what was left of the epoch it resumed in."""
-        return len(self._session)
-
-    def state_dict(self) -> Dict[str, Any]:
-        """Where the epoch stands: a small JSON-able dict, the same on every rank (its fields:
-        ``dali_shards.plan.statecheck.State``)."""
-        return self._session.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a ``state_dict()``: the pipeline is rebuilt to resume there."""
-        self._session.load_state_dict(state)
-
+    # -- the public API: the session's (SessionAdapter), batches in PyTorch's types --------------
     def __next__(self) -> List[Dict[str, Any]]:
         batch, mask = self._session.next()
         if self.keep_padding:
             batch[self.mask_name] = torch.from_numpy(mask).to(device_of(batch))
             return [batch]
         return [batch if mask.all() else select(batch, np.flatnonzero(mask))]
-
-    def __iter__(self) -> "DALIShardedIterator":
-        """The iterator itself: a loop continues the current epoch where it stands (after every
-        batch of an epoch was taken, the next epoch)."""
-        self._session.loop()
-        return self
-
-    def reset(self) -> None:
-        """Leave the current epoch and get ready for the next one; nothing to do at its start.
-
-        The workers are told to end the epoch after the batches they may already have prepared
-        (about ``prefetch_queue_depth + worker_prefetch + 1``); those are read and discarded. The
-        next epochs, and states saved in them, are whole and exactly once as ever."""
-        self._session.reset()
 
 
 class _Feed:

@@ -6,14 +6,14 @@ identities."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dali_shards.catalog.columns import Catalog
 from dali_shards.catalog.identity import ShardIdentity
 from dali_shards.catalog.parse import plain_names
-from dali_shards.catalog.strings import StringTable
+from dali_shards.catalog.strings import StringTable, first_repeat
 
 Piece = Union[Catalog, Sequence[str]]  # a catalog, or a list of URLs
 
@@ -52,22 +52,7 @@ def first_repeat_across(pieces: Sequence[Piece]) -> Optional[Tuple[int, int]]:
     none is."""
     identity = ShardIdentity()
     digest = np.concatenate([identity_digests(p, identity) for p in pieces]) if pieces else np.zeros(0, np.uint64)
-    if len(digest) < 2:
-        return None
-    order = np.argsort(digest, kind="stable")
-    same = digest[order][1:] == digest[order][:-1]
-    if not same.any():
-        return None
-    grouped = np.zeros(len(order), bool)
-    grouped[1:] |= same
-    grouped[:-1] |= same
     starts = [0]
     for p in pieces:
         starts.append(starts[-1] + len(p))
-    seen: Dict[str, int] = {}
-    for slot in np.sort(order[grouped]).tolist():  # in order: the first repeat is met first
-        key = identity(_url(pieces, starts, slot))
-        if key in seen:
-            return seen[key], slot
-        seen[key] = slot
-    return None
+    return first_repeat(digest, lambda slot: identity(_url(pieces, starts, slot)))

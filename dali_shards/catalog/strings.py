@@ -7,7 +7,7 @@ compared for duplicates, with NumPy over all of them at once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -95,21 +95,7 @@ class StringTable:
         sort all strings at once; only strings of equal digests are compared as strings."""
         if len(self) < 2 or numbered(self) is not None:
             return None
-        digest = self.digests()
-        order = np.argsort(digest, kind="stable")
-        same = digest[order][1:] == digest[order][:-1]
-        if not same.any():
-            return None
-        grouped = np.zeros(len(order), bool)
-        grouped[1:] |= same
-        grouped[:-1] |= same
-        seen: Dict[str, int] = {}
-        for m in np.sort(order[grouped]).tolist():  # in listed order: the first repeat is met first
-            text = self[m]
-            if text in seen:
-                return seen[text], m
-            seen[text] = m
-        return None
+        return first_repeat(self.digests(), self.__getitem__)
 
     @classmethod
     def concat(cls, tables: Sequence["StringTable"]) -> "StringTable":
@@ -158,3 +144,25 @@ def numbered(table: StringTable) -> Optional[Numbered]:
         return None
     return Numbered(first[:lo].decode("utf-8", "surrogateescape"), hi - lo, int(values[0]),
                     first[hi:].decode("utf-8", "surrogateescape"))  # fmt: skip
+
+
+def first_repeat(digest: np.ndarray, key_of: Callable[[int], Hashable]) -> Optional[Tuple[int, int]]:
+    """(first, again): the places, in listed order, of the first key met a second time, where
+    ``digest`` holds each place's 64-bit digest of its key and ``key_of(place)`` the key itself
+    (compared only among places whose digests agree); None if no key repeats."""
+    if len(digest) < 2:
+        return None
+    order = np.argsort(digest, kind="stable")
+    same = digest[order][1:] == digest[order][:-1]
+    if not same.any():
+        return None
+    grouped = np.zeros(len(order), bool)
+    grouped[1:] |= same
+    grouped[:-1] |= same
+    seen: Dict[Hashable, int] = {}
+    for place in np.sort(order[grouped]).tolist():  # in listed order: the first repeat is met first
+        key = key_of(place)
+        if key in seen:
+            return seen[key], place
+        seen[key] = place
+    return None
